@@ -1,0 +1,5 @@
+import sys
+
+from devplug.cli import main
+
+sys.exit(main())

@@ -1,0 +1,130 @@
+"""Command line: ``devplug run | scan | version``.
+
+Exit status: 0 success, 2 bad usage or configuration (nothing was served), 1 anything else.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from devplug import __version__
+from devplug.config import Settings, load_settings
+from devplug.errors import ConfigError
+from devplug.logconfig import configure
+from devplug.naming import MAX_UNIX_SOCKET_PATH, short_socket_file_name
+from devplug.scanners.base import Scanner
+from devplug.scanners.registry import BUILTIN_SCANNERS, build_scanners
+
+EXIT_CONFIG = 2
+
+
+def _common_options() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    group = common.add_argument_group("settings (each also DEVPLUG_<FLAG> and a config file key)")
+    group.add_argument("--config", type=Path, help="YAML config file (env DEVPLUG_CONFIG)")
+    group.add_argument(
+        "--scanner",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help=f"add a built-in scanner with its defaults; repeatable ({', '.join(sorted(BUILTIN_SCANNERS))})",
+    )
+    group.add_argument("--kubelet-dir", type=Path, help="device plugin dir (default /var/lib/kubelet/device-plugins)")
+    group.add_argument("--cdi-dir", type=Path, help="CDI spec dir (default /var/run/cdi)")
+    group.add_argument("--log-format", choices=["json", "console"], help="default: console on a terminal, json otherwise")
+    group.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
+    return common
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="devplug", description="Kubernetes device plugin daemon")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    common = _common_options()
+    run = sub.add_parser("run", parents=[common], help="serve devices to the kubelet")
+    run.add_argument("--dry-run", action="store_true", help="print the device tree and exit (as 'scan')")
+    run.add_argument("--output", choices=["table", "json", "yaml"], default="table", help="with --dry-run")
+    scan = sub.add_parser("scan", parents=[common], help="print the device tree and exit (dry run)")
+    scan.add_argument("--output", "-o", choices=["table", "json", "yaml"], default="table")
+    sub.add_parser("version", help="print the version")
+    return parser
+
+
+def _settings(args: argparse.Namespace) -> Settings:
+    config = args.config
+    if config is None and os.environ.get("DEVPLUG_CONFIG"):
+        config = Path(os.environ["DEVPLUG_CONFIG"])
+    flags = {
+        "kubelet_dir": args.kubelet_dir,
+        "cdi_dir": args.cdi_dir,
+        "log_format": args.log_format,
+        "log_level": args.log_level,
+    }
+    return load_settings(config, flags, args.scanner)
+
+
+def _check_socket_dir(settings: Settings) -> None:
+    """Fail early when even the shortest socket name cannot fit a unix socket path."""
+    shortest = settings.kubelet_dir / short_socket_file_name("x/y")
+    if len(os.fsencode(shortest)) > MAX_UNIX_SOCKET_PATH:
+        raise ConfigError(
+            "kubelet_dir",
+            f"{settings.kubelet_dir} is too long: socket paths in it would exceed the "
+            f"{MAX_UNIX_SOCKET_PATH}-byte unix socket limit; use a shorter directory",
+        )
+
+
+def _prepare(args: argparse.Namespace) -> tuple[Settings, list[Scanner]]:
+    settings = _settings(args)
+    configure(settings.log_format, settings.log_level)
+    scanners = build_scanners(settings.scanners)
+    if not scanners:
+        raise ConfigError(
+            "scanners",
+            "no scanner configured: pass --scanner NAME or add a 'scanners:' section to the "
+            f"config file (known scanners: {', '.join(sorted(BUILTIN_SCANNERS))})",
+        )
+    _check_socket_dir(settings)
+    return settings, scanners
+
+
+def _scan(scanners: Sequence[Scanner], output: str) -> int:
+    from devplug.daemon.scanning import ScanRunner
+    from devplug.report import render
+
+    result = ScanRunner(scanners).scan_blocking()
+    sys.stdout.write(render(result.tree, output))
+    return 0
+
+
+def _run(settings: Settings, scanners: Sequence[Scanner]) -> int:
+    from devplug.daemon.runner import Daemon, run_until_signalled
+
+    async def main() -> None:
+        await run_until_signalled(Daemon(settings, scanners))
+
+    asyncio.run(main())
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.command == "version":
+        print(f"devplug {__version__}")
+        return 0
+    try:
+        settings, scanners = _prepare(args)
+    except ConfigError as exc:
+        print(f"devplug: configuration error: {exc}", file=sys.stderr)
+        return EXIT_CONFIG
+    if args.command == "scan" or args.dry_run:
+        return _scan(scanners, args.output)
+    return _run(settings, scanners)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,172 @@
+"""Settings: defaults < config file < environment (DEVPLUG_*) < command-line flags.
+
+Everything is validated before anything is served; a problem becomes a
+:class:`~devplug.errors.ConfigError` naming the field and what would be valid. Scanner
+sections are kept raw here and validated by each scanner (``devplug.scanners.registry``), so
+this module does not depend on the scanners.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from devplug.errors import ConfigError
+
+DEFAULT_KUBELET_DIR = Path("/var/lib/kubelet/device-plugins")
+DEFAULT_CDI_DIR = Path("/var/run/cdi")
+ENV_PREFIX = "DEVPLUG_"
+
+LogFormat = Literal["json", "console"]
+LogLevel = Literal["debug", "info", "warning", "error"]
+
+
+class StrictModel(BaseModel):
+    """Frozen, and unknown keys are errors (a typo must not be silently ignored)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class HotplugSettings(StrictModel):
+    """How devplug notices device changes. Core polls; udev events come with the hotplug work."""
+
+    poll_s: float = Field(default=5.0, gt=0, le=3600, description="seconds between full rescans")
+
+
+class Settings(StrictModel):
+    kubelet_dir: Path = DEFAULT_KUBELET_DIR
+    cdi_dir: Path = DEFAULT_CDI_DIR
+    log_format: LogFormat | None = None
+    log_level: LogLevel = "info"
+    hotplug: HotplugSettings = HotplugSettings()
+    # scanner name -> its raw section; validated by devplug.scanners.registry.
+    scanners: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("kubelet_dir", "cdi_dir")
+    @classmethod
+    def _absolute(cls, value: Path) -> Path:
+        if not value.is_absolute():
+            raise ValueError(f"must be an absolute path, got {str(value)!r}")
+        return value
+
+
+# Flags and environment variables that map onto top-level settings.
+SCALAR_KEYS = ("kubelet_dir", "cdi_dir", "log_format", "log_level")
+
+
+def _join(location: Sequence[int | str]) -> str:
+    out = ""
+    for part in location:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out
+
+
+def config_error(exc: ValidationError, prefix: str = "", model: type[BaseModel] | None = None) -> ConfigError:
+    """Turn pydantic's first error into a ConfigError with a dotted field path and a hint."""
+    first = exc.errors(include_url=False)[0]
+    location = list(first["loc"])
+    field = _join([prefix, *location] if prefix else location)
+    message = str(first["msg"])
+    if first["type"] == "extra_forbidden":
+        known = _known_keys(model, location[:-1]) if model is not None else []
+        message = "unknown setting"
+        if known:
+            close = difflib.get_close_matches(str(location[-1]), known, n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+            message += f"{hint} valid keys here: {', '.join(known)}"
+    elif first["type"] == "missing":
+        message = "is required"
+    elif "input" in first and first["type"] not in ("value_error",):
+        message += f" (got {first['input']!r})"
+    return ConfigError(field, message)
+
+
+def _known_keys(model: type[BaseModel], location: Sequence[int | str]) -> list[str]:
+    """Field names of the (possibly nested) model at ``location``."""
+    current: Any = model
+    for part in location:
+        if isinstance(part, int):
+            continue
+        field = current.model_fields.get(part) if isinstance(current, type) else None
+        if field is None:
+            return []
+        annotation = field.annotation
+        args = getattr(annotation, "__args__", ())
+        candidates = [annotation, *args, *(a for arg in args for a in getattr(arg, "__args__", ()))]
+        nested = [c for c in candidates if isinstance(c, type) and issubclass(c, BaseModel)]
+        if not nested:
+            return []
+        current = nested[0]
+    return sorted(current.model_fields) if isinstance(current, type) else []
+
+
+def read_config_file(path: Path) -> dict[str, Any]:
+    """Load a YAML config file; an empty file is an empty config."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError("--config", f"file not found: {path}") from None
+    except OSError as exc:
+        raise ConfigError("--config", f"cannot read {path}: {exc.strerror}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError("--config", f"{path} is not valid YAML: {exc}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError("--config", f"{path} must hold a mapping at the top level")
+    return data
+
+
+def env_overrides(environ: Mapping[str, str]) -> dict[str, Any]:
+    """Top-level settings given as DEVPLUG_<KEY> environment variables."""
+    found: dict[str, Any] = {}
+    for key in SCALAR_KEYS:
+        value = environ.get(ENV_PREFIX + key.upper())
+        if value:
+            found[key] = value
+    return found
+
+
+def env_scanners(environ: Mapping[str, str]) -> list[str]:
+    """DEVPLUG_SCANNER: comma-separated built-in scanner names."""
+    raw = environ.get(ENV_PREFIX + "SCANNER", "")
+    return [name.strip() for name in raw.split(",") if name.strip()]
+
+
+def load_settings(
+    config_file: Path | None,
+    flags: Mapping[str, Any],
+    scanner_names: Sequence[str],
+    environ: Mapping[str, str] | None = None,
+) -> Settings:
+    """Merge file, environment and flags (later wins) and validate.
+
+    ``scanner_names`` (from --scanner or DEVPLUG_SCANNER) add built-in scanners with their
+    defaults unless the file already configures them.
+    """
+    environ = os.environ if environ is None else environ
+    raw: dict[str, Any] = read_config_file(config_file) if config_file is not None else {}
+    raw.update(env_overrides(environ))
+    raw.update({key: value for key, value in flags.items() if value is not None})
+    names = [*env_scanners(environ), *scanner_names]
+    if names:
+        scanners = raw.get("scanners")
+        if scanners is None:
+            scanners = {}
+        if not isinstance(scanners, dict):
+            raise ConfigError("scanners", "must be a mapping of scanner name -> settings")
+        for name in names:
+            scanners.setdefault(name, None)
+        raw["scanners"] = scanners
+    try:
+        return Settings.model_validate(raw)
+    except ValidationError as exc:
+        raise config_error(exc, model=Settings) from None

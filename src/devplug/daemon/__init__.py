@@ -1,0 +1,1 @@
+"""The running daemon: scanning, diffing, serving and staying registered with the kubelet."""

@@ -1,0 +1,142 @@
+"""The default Allocate and GetPreferredAllocation logic: pure functions over the model.
+
+Kept free of gRPC so hooks, tests and benchmarks can call them directly.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+
+from devplug.errors import AllocationError
+from devplug.model import ContainerAllocation, DeviceInfo, DeviceNode, Mount
+from devplug.naming import natural_key
+
+# Error messages list at most this many ids, so a huge bogus request cannot produce a huge reply.
+MAX_IDS_IN_MESSAGE = 10
+
+
+def _id_list(ids: Sequence[str]) -> str:
+    shown = ", ".join(repr(i[:80]) for i in ids[:MAX_IDS_IN_MESSAGE])
+    more = len(ids) - MAX_IDS_IN_MESSAGE
+    return shown + (f" and {more} more" if more > 0 else "")
+
+
+def check_request(
+    resource: str, requests: Sequence[Sequence[str]], devices: Mapping[str, DeviceInfo]
+) -> None:
+    """Raise AllocationError unless every id is advertised, healthy and named once per container."""
+    unknown: list[str] = []
+    unhealthy: list[str] = []
+    for ids in requests:
+        if len(set(ids)) != len(ids):
+            duplicates = sorted({i for i in ids if ids.count(i) > 1})
+            raise AllocationError(
+                "invalid",
+                f"{resource}: device ids requested twice for one container: {_id_list(duplicates)}",
+                tuple(duplicates),
+            )
+        for device_id in ids:
+            info = devices.get(device_id)
+            if info is None:
+                unknown.append(device_id)
+            elif not info.healthy:
+                unhealthy.append(device_id)
+    if unknown:
+        unknown = list(dict.fromkeys(unknown))
+        raise AllocationError(
+            "not_found", f"{resource}: unknown device ids: {_id_list(unknown)}", tuple(unknown)
+        )
+    if unhealthy:
+        unhealthy = list(dict.fromkeys(unhealthy))
+        raise AllocationError(
+            "invalid", f"{resource}: unhealthy device ids: {_id_list(unhealthy)}", tuple(unhealthy)
+        )
+
+
+def _merge_maps(maps: Iterable[Mapping[str, str]]) -> dict[str, str]:
+    """Merge string maps; a key set to different values gets them comma-joined, in order."""
+    values: dict[str, list[str]] = {}
+    for mapping in maps:
+        for key, value in mapping.items():
+            seen = values.setdefault(key, [])
+            if value not in seen:
+                seen.append(value)
+    return {key: ",".join(vals) for key, vals in values.items()}
+
+
+def default_allocation(ids: Sequence[str], devices: Mapping[str, DeviceInfo]) -> ContainerAllocation:
+    """The answer for one container: the union of its devices' nodes, mounts, env, annotations.
+
+    Nodes and mounts are deduplicated by container path (first one wins), so shares of one
+    physical device yield its nodes once.
+    """
+    infos = [devices[i] for i in ids]
+    nodes: dict[str, DeviceNode] = {}
+    mounts: dict[str, Mount] = {}
+    for info in infos:
+        for node in info.nodes:
+            nodes.setdefault(node.container_path, node)
+        for mount in info.mounts:
+            mounts.setdefault(mount.container_path, mount)
+    return ContainerAllocation(
+        env=_merge_maps(info.env for info in infos),
+        mounts=tuple(mounts.values()),
+        nodes=tuple(nodes.values()),
+        annotations=_merge_maps(info.annotations for info in infos),
+    )
+
+
+def default_preferred(
+    available: Sequence[str],
+    must_include: Sequence[str],
+    size: int,
+    devices: Mapping[str, DeviceInfo],
+) -> list[str]:
+    """Must-include ids first, then fill from their NUMA node(s), else from one node that fits.
+
+    Never raises: an unsatisfiable request gets the best partial answer (the kubelet fills or
+    refuses by itself; an error here would fail pod admission).
+    """
+    chosen = list(dict.fromkeys(must_include))
+    remaining = size - len(chosen)
+    if remaining <= 0:
+        return chosen
+    taken = set(chosen)
+    candidates = [
+        i
+        for i in dict.fromkeys(available)
+        if i not in taken and (devices.get(i) is None or devices[i].healthy)
+    ]
+    candidates.sort(key=natural_key)
+    if len(candidates) <= remaining:
+        return chosen + candidates
+
+    def numa_of(device_id: str) -> tuple[int, ...]:
+        info = devices.get(device_id)
+        return info.numa_nodes if info is not None else ()
+
+    groups: dict[tuple[int, ...], list[str]] = {}
+    for device_id in candidates:
+        groups.setdefault(numa_of(device_id), []).append(device_id)
+
+    anchor = {node for device_id in chosen for node in numa_of(device_id)}
+    if anchor:
+        # Same node(s) as the must-include devices first, then the rest by proximity of size.
+        def order(key: tuple[int, ...]) -> tuple[int, int, tuple[int, ...]]:
+            return (0 if set(key) & anchor else 1, -len(groups[key]), key)
+    else:
+        # One node that can hold the whole remainder, the tightest such (packing); otherwise
+        # the biggest groups first, so the answer spans as few nodes as possible.
+        def order(key: tuple[int, ...]) -> tuple[int, int, tuple[int, ...]]:
+            size_of = len(groups[key])
+            if size_of >= remaining:
+                return (0, size_of, key)
+            return (1, -size_of, key)
+
+    for key in sorted(groups, key=order):
+        take = groups[key][:remaining]
+        chosen.extend(take)
+        remaining -= len(take)
+        if remaining == 0:
+            break
+    return chosen

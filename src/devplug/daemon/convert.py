@@ -1,0 +1,58 @@
+"""Conversions between devplug's model and the v1beta1 protobuf messages.
+
+Protobuf types do not leave ``devplug.daemon`` (and the kubelet simulator in
+``devplug.testing``); everything else speaks the model.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from devplug._proto import deviceplugin_v1beta1_pb2 as pb
+from devplug.model import ContainerAllocation, DeviceInfo, DeviceNode, Mount
+
+
+def device_message(device_id: str, info: DeviceInfo) -> pb.Device:
+    message = pb.Device(ID=device_id, health=str(info.health))
+    if info.numa_nodes:
+        message.topology.nodes.extend(pb.NUMANode(ID=node) for node in info.numa_nodes)
+    return message
+
+
+def list_message(devices: Mapping[str, DeviceInfo]) -> pb.ListAndWatchResponse:
+    return pb.ListAndWatchResponse(
+        devices=[device_message(device_id, info) for device_id, info in devices.items()]
+    )
+
+
+def container_response(answer: ContainerAllocation) -> pb.ContainerAllocateResponse:
+    return pb.ContainerAllocateResponse(
+        envs=dict(answer.env),
+        mounts=[
+            pb.Mount(container_path=m.container_path, host_path=m.host_path, read_only=m.read_only)
+            for m in answer.mounts
+        ],
+        devices=[
+            pb.DeviceSpec(
+                container_path=n.container_path, host_path=n.host_path, permissions=n.permissions
+            )
+            for n in answer.nodes
+        ],
+        annotations=dict(answer.annotations),
+        cdi_devices=[pb.CDIDevice(name=name) for name in answer.cdi_devices],
+    )
+
+
+def container_allocation(message: pb.ContainerAllocateResponse) -> ContainerAllocation:
+    """The reverse of :func:`container_response`, for clients such as the kubelet simulator."""
+    return ContainerAllocation(
+        env=dict(message.envs),
+        mounts=tuple(
+            Mount(m.host_path, m.container_path, m.read_only) for m in message.mounts
+        ),
+        nodes=tuple(
+            DeviceNode(d.host_path, d.container_path, d.permissions) for d in message.devices
+        ),
+        annotations=dict(message.annotations),
+        cdi_devices=tuple(d.name for d in message.cdi_devices),
+    )

@@ -1,0 +1,173 @@
+"""The DevicePlugin gRPC service for one resource.
+
+Every handler reads one snapshot of the resource's devices, so an answer is always consistent
+with one advertised list, even while the list changes underneath. Errors a request deserves
+become gRPC statuses naming the ids; anything else is logged and answered INTERNAL, and the
+server keeps serving.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import AsyncIterator, Awaitable, Mapping, Sequence
+from typing import TypeVar
+
+import grpc
+import structlog
+
+from devplug._proto import deviceplugin_v1beta1_pb2 as pb
+from devplug._proto import deviceplugin_v1beta1_pb2_grpc as pb_grpc
+from devplug.daemon.allocation import check_request, default_allocation, default_preferred
+from devplug.daemon.convert import container_response, list_message
+from devplug.daemon.values import LatestValue
+from devplug.errors import AllocationError
+from devplug.model import ContainerAllocation, DeviceInfo
+from devplug.scanners.base import Allocator, ContainerPreStarter, PostAllocator, PreferredAllocator
+
+log = structlog.get_logger("devplug.servicer")
+
+T = TypeVar("T")
+
+_STATUS = {"not_found": grpc.StatusCode.NOT_FOUND, "invalid": grpc.StatusCode.INVALID_ARGUMENT}
+
+DeviceMap = Mapping[str, DeviceInfo]
+
+
+async def _resolve(value: T | Awaitable[T]) -> T:
+    if inspect.isawaitable(value):
+        return await value
+    return value
+
+
+def plugin_options(hooks: object | None) -> pb.DevicePluginOptions:
+    """Options reflect the hooks: PreStartContainer only when the scanner implements it.
+
+    GetPreferredAllocation is always available: the default policy (must-include, then NUMA)
+    is better than the kubelet's own choice whenever devices carry topology.
+    """
+    return pb.DevicePluginOptions(
+        pre_start_required=isinstance(hooks, ContainerPreStarter),
+        get_preferred_allocation_available=True,
+    )
+
+
+class DevicePluginServicer(pb_grpc.DevicePluginServicer):
+    def __init__(self, resource: str, devices: LatestValue[DeviceMap], hooks: object | None) -> None:
+        self.resource = resource
+        self.devices = devices
+        self.hooks = hooks
+        self.options = plugin_options(hooks)
+        self.active_streams = 0
+        self._log = log.bind(resource=resource)
+
+    async def GetDevicePluginOptions(
+        self, request: pb.Empty, context: grpc.aio.ServicerContext[pb.Empty, pb.DevicePluginOptions]
+    ) -> pb.DevicePluginOptions:
+        return self.options
+
+    async def ListAndWatch(
+        self,
+        request: pb.Empty,
+        context: grpc.aio.ServicerContext[pb.Empty, pb.ListAndWatchResponse],
+    ) -> AsyncIterator[pb.ListAndWatchResponse]:
+        self.active_streams += 1
+        self._log.info("listandwatch.opened", streams=self.active_streams)
+        try:
+            async for devices in self.devices.as_changed():
+                yield list_message(devices)
+                self._log.debug("listandwatch.sent", devices=len(devices))
+        finally:
+            self.active_streams -= 1
+            self._log.info("listandwatch.closed", streams=self.active_streams)
+
+    async def Allocate(
+        self,
+        request: pb.AllocateRequest,
+        context: grpc.aio.ServicerContext[pb.AllocateRequest, pb.AllocateResponse],
+    ) -> pb.AllocateResponse:
+        requests = [list(c.devices_ids) for c in request.container_requests]
+        devices = self.devices.value
+        try:
+            answers = await self._allocate(requests, devices)
+        except AllocationError as exc:
+            self._log.warning("allocate.refused", reason=str(exc))
+            await context.abort(_STATUS.get(exc.kind, grpc.StatusCode.INVALID_ARGUMENT), str(exc))
+            raise  # abort raises; this line is for type checkers
+        except Exception:
+            self._log.exception("allocate.failed")
+            await context.abort(grpc.StatusCode.INTERNAL, f"{self.resource}: allocation failed")
+            raise
+        self._log.info("allocate.complete", devices=requests)
+        return pb.AllocateResponse(container_responses=[container_response(a) for a in answers])
+
+    async def _allocate(
+        self, requests: Sequence[Sequence[str]], devices: DeviceMap
+    ) -> Sequence[ContainerAllocation]:
+        check_request(self.resource, requests, devices)
+        answers: Sequence[ContainerAllocation] | None = None
+        if isinstance(self.hooks, Allocator):
+            answers = await _resolve(self.hooks.allocate(self.resource, requests, devices))
+        if answers is None:
+            answers = [default_allocation(ids, devices) for ids in requests]
+        if isinstance(self.hooks, PostAllocator):
+            answers = await _resolve(self.hooks.post_allocate(self.resource, requests, answers))
+        if len(answers) != len(requests):
+            raise RuntimeError(
+                f"allocation hook returned {len(answers)} answers for {len(requests)} containers"
+            )
+        return answers
+
+    async def GetPreferredAllocation(
+        self,
+        request: pb.PreferredAllocationRequest,
+        context: grpc.aio.ServicerContext[pb.PreferredAllocationRequest, pb.PreferredAllocationResponse],
+    ) -> pb.PreferredAllocationResponse:
+        devices = self.devices.value
+        responses = []
+        for container in request.container_requests:
+            available = list(container.available_deviceIDs)
+            must_include = list(container.must_include_deviceIDs)
+            size = container.allocation_size
+            chosen = await self._preferred(available, must_include, size, devices)
+            responses.append(pb.ContainerPreferredAllocationResponse(deviceIDs=chosen))
+        return pb.PreferredAllocationResponse(container_responses=responses)
+
+    async def _preferred(
+        self, available: list[str], must_include: list[str], size: int, devices: DeviceMap
+    ) -> list[str]:
+        if isinstance(self.hooks, PreferredAllocator):
+            try:
+                picked = await _resolve(
+                    self.hooks.preferred_allocation(
+                        self.resource, available, must_include, size, devices
+                    )
+                )
+            except Exception:
+                # An error here would fail pod admission; the default is a safe answer.
+                self._log.exception("preferred.hook_failed")
+            else:
+                # The hook's answer is kept within what the kubelet offered, must-include first.
+                allowed = set(available) | set(must_include)
+                ordered = [*must_include, *(i for i in picked if i in allowed)]
+                return list(dict.fromkeys(ordered))[: max(size, len(set(must_include)))]
+        return default_preferred(available, must_include, size, devices)
+
+    async def PreStartContainer(
+        self,
+        request: pb.PreStartContainerRequest,
+        context: grpc.aio.ServicerContext[pb.PreStartContainerRequest, pb.PreStartContainerResponse],
+    ) -> pb.PreStartContainerResponse:
+        ids = list(request.devices_ids)
+        try:
+            check_request(self.resource, [ids], self.devices.value)
+            if isinstance(self.hooks, ContainerPreStarter):
+                await _resolve(self.hooks.pre_start_container(self.resource, ids))
+        except AllocationError as exc:
+            self._log.warning("prestart.refused", reason=str(exc))
+            await context.abort(_STATUS.get(exc.kind, grpc.StatusCode.INVALID_ARGUMENT), str(exc))
+            raise
+        except Exception:
+            self._log.exception("prestart.failed")
+            await context.abort(grpc.StatusCode.INTERNAL, f"{self.resource}: pre-start failed")
+            raise
+        return pb.PreStartContainerResponse()

@@ -1,0 +1,34 @@
+"""The exception tree: every error devplug raises on purpose derives from DevplugError."""
+
+from __future__ import annotations
+
+
+class DevplugError(Exception):
+    """Base of devplug's own errors."""
+
+
+class ConfigError(DevplugError):
+    """A setting is wrong. ``field`` names it (dotted, e.g. ``scanners.generic[0].match``)."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field}: {message}" if field else message)
+        self.field = field
+        self.message = message
+
+
+class InvalidNameError(DevplugError, ValueError):
+    """A resource name, device id or file name breaks a rule; the message cites the rule."""
+
+
+class AllocationError(DevplugError):
+    """An Allocate-family request cannot be answered.
+
+    ``kind`` is ``"not_found"`` (ids that are not advertised) or ``"invalid"`` (ids that are
+    advertised but unusable, or a malformed request). Hooks may raise it; the servicer turns it
+    into the matching gRPC status.
+    """
+
+    def __init__(self, kind: str, message: str, device_ids: tuple[str, ...] = ()) -> None:
+        super().__init__(message)
+        self.kind = kind
+        self.device_ids = device_ids

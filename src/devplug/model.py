@@ -1,0 +1,239 @@
+"""The device model: what scanners produce and servers advertise. Frozen and pure.
+
+A :class:`DeviceTree` maps resource name -> device id -> :class:`DeviceInfo`. It is built once
+per scan (with :class:`DeviceTreeBuilder`), never mutated, and compared with ``==`` by the
+notifier, so every field is an immutable value.
+"""
+
+from __future__ import annotations
+
+import enum
+import os
+import posixpath
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
+from devplug.naming import validate_device_id, validate_resource_name
+
+_EMPTY: Mapping[str, str] = MappingProxyType({})
+
+
+class Health(enum.StrEnum):
+    """Device health as the kubelet spells it."""
+
+    HEALTHY = "Healthy"
+    UNHEALTHY = "Unhealthy"
+
+
+def _clean_path(value: str, what: str) -> str:
+    """Refuse paths that are relative, contain NUL or "..", or are not normalised."""
+    if not value.startswith("/"):
+        raise ValueError(f"{what} must be an absolute path, got {value!r}")
+    if "\0" in value:
+        raise ValueError(f"{what} must not contain NUL")
+    if ".." in value.split("/"):
+        raise ValueError(f"{what} must not contain '..': {value!r}")
+    normal = posixpath.normpath(value)
+    # normpath keeps a leading "//"; treat it like "/".
+    return "/" + normal.lstrip("/")
+
+
+def _frozen_map(value: Mapping[str, str], what: str) -> Mapping[str, str]:
+    for key, val in value.items():
+        if not isinstance(key, str) or not isinstance(val, str):
+            raise TypeError(f"{what} keys and values must be str, got {key!r}: {val!r}")
+        if not key or "\0" in key or "\0" in val:
+            raise ValueError(f"{what} keys must be non-empty and free of NUL: {key!r}")
+    return MappingProxyType(dict(value)) if value else _EMPTY
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceNode:
+    """A device node to create in the container.
+
+    ``container_path`` defaults to ``host_path``; ``permissions`` are cgroup permissions, any
+    of ``r``, ``w``, ``m``.
+    """
+
+    host_path: str
+    container_path: str = ""
+    permissions: str = "rw"
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "host_path", _clean_path(self.host_path, "host_path"))
+        target = self.container_path or self.host_path
+        object.__setattr__(self, "container_path", _clean_path(target, "container_path"))
+        if not self.permissions or set(self.permissions) - set("rwm"):
+            raise ValueError(f"permissions must be made of 'r', 'w', 'm', got {self.permissions!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class Mount:
+    """A host path bind-mounted into the container (read-only unless said otherwise)."""
+
+    host_path: str
+    container_path: str = ""
+    read_only: bool = True
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "host_path", _clean_path(self.host_path, "host_path"))
+        target = self.container_path or self.host_path
+        object.__setattr__(self, "container_path", _clean_path(target, "container_path"))
+
+
+@dataclass(frozen=True, slots=True)
+class CdiHook:
+    """An OCI hook a CDI spec attaches to a device (createContainer, startContainer, ...)."""
+
+    hook_name: str
+    path: str
+    args: tuple[str, ...] = ()
+    env: tuple[str, ...] = ()
+    timeout: int | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "path", _clean_path(self.path, "hook path"))
+
+
+@dataclass(frozen=True, slots=True)
+class CdiEdits:
+    """Container edits that only the CDI spec carries, beyond the device's nodes, mounts and env.
+
+    The CDI writer (see the CDI issue) adds them to the device's entry in the spec.
+    """
+
+    hooks: tuple[CdiHook, ...] = ()
+    additional_gids: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceInfo:
+    """Everything devplug knows about one advertised device.
+
+    ``sources`` are the sysfs paths the device was built from; they tie udev events back to
+    devices and appear in ``devplug scan``. ``health_reason`` says why a device is unhealthy.
+    """
+
+    health: Health = Health.HEALTHY
+    nodes: tuple[DeviceNode, ...] = ()
+    mounts: tuple[Mount, ...] = ()
+    env: Mapping[str, str] = field(default_factory=lambda: _EMPTY)
+    annotations: Mapping[str, str] = field(default_factory=lambda: _EMPTY)
+    numa_nodes: tuple[int, ...] = ()
+    health_reason: str = ""
+    cdi_edits: CdiEdits | None = None
+    sources: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "health", Health(self.health))
+        object.__setattr__(self, "nodes", tuple(self.nodes))
+        object.__setattr__(self, "mounts", tuple(self.mounts))
+        object.__setattr__(self, "env", _frozen_map(self.env, "env"))
+        object.__setattr__(self, "annotations", _frozen_map(self.annotations, "annotations"))
+        object.__setattr__(self, "numa_nodes", tuple(sorted(set(self.numa_nodes))))
+        object.__setattr__(self, "sources", tuple(self.sources))
+        if any(n < 0 for n in self.numa_nodes):
+            raise ValueError(f"numa_nodes must be >= 0 (leave -1 out), got {self.numa_nodes}")
+        if any("=" in key for key in self.env):
+            raise ValueError(f"env names must not contain '=': {sorted(self.env)}")
+
+    @property
+    def healthy(self) -> bool:
+        return self.health is Health.HEALTHY
+
+
+@dataclass(frozen=True, slots=True)
+class ContainerAllocation:
+    """What one container gets from an Allocate call: devplug's view of the kubelet's answer."""
+
+    env: Mapping[str, str] = field(default_factory=lambda: _EMPTY)
+    mounts: tuple[Mount, ...] = ()
+    nodes: tuple[DeviceNode, ...] = ()
+    annotations: Mapping[str, str] = field(default_factory=lambda: _EMPTY)
+    cdi_devices: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "env", _frozen_map(self.env, "env"))
+        object.__setattr__(self, "annotations", _frozen_map(self.annotations, "annotations"))
+        object.__setattr__(self, "mounts", tuple(self.mounts))
+        object.__setattr__(self, "nodes", tuple(self.nodes))
+        object.__setattr__(self, "cdi_devices", tuple(self.cdi_devices))
+
+
+class DeviceTree(Mapping[str, Mapping[str, DeviceInfo]]):
+    """resource name -> device id -> DeviceInfo. Immutable; equal when contents are equal.
+
+    Resources with no devices are not kept: a tree holds exactly the resources to advertise.
+    """
+
+    __slots__ = ("_resources",)
+
+    def __init__(self, resources: Mapping[str, Mapping[str, DeviceInfo]] | None = None) -> None:
+        frozen: dict[str, Mapping[str, DeviceInfo]] = {}
+        for resource, devices in (resources or {}).items():
+            validate_resource_name(resource)
+            if not devices:
+                continue
+            for device_id, info in devices.items():
+                validate_device_id(device_id)
+                if not isinstance(info, DeviceInfo):
+                    raise TypeError(f"{resource}/{device_id}: expected DeviceInfo, got {info!r}")
+            frozen[resource] = MappingProxyType(dict(devices))
+        self._resources: Mapping[str, Mapping[str, DeviceInfo]] = MappingProxyType(frozen)
+
+    def __getitem__(self, resource: str) -> Mapping[str, DeviceInfo]:
+        return self._resources[resource]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._resources)
+
+    def __len__(self) -> int:
+        return len(self._resources)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, DeviceTree):
+            return NotImplemented
+        return dict(self._resources) == dict(other._resources)
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        counts = ", ".join(f"{name}: {len(devs)}" for name, devs in sorted(self.items()))
+        return f"DeviceTree({{{counts}}})"
+
+    def device_count(self) -> int:
+        return sum(len(devices) for devices in self._resources.values())
+
+    def merged(self, other: DeviceTree) -> DeviceTree:
+        """This tree plus ``other``'s resources; a resource in both raises ValueError."""
+        clash = set(self) & set(other)
+        if clash:
+            raise ValueError(f"resources produced twice: {sorted(clash)}")
+        return DeviceTree({**self._resources, **other._resources})
+
+
+class DeviceTreeBuilder:
+    """Collects devices during a scan, then freezes them into a DeviceTree."""
+
+    def __init__(self) -> None:
+        self._resources: dict[str, dict[str, DeviceInfo]] = {}
+
+    def add(self, resource: str, device_id: str, info: DeviceInfo) -> None:
+        """Add one device; the same id twice in a resource raises ValueError."""
+        devices = self._resources.setdefault(resource, {})
+        if device_id in devices:
+            raise ValueError(f"duplicate device id {device_id!r} in resource {resource!r}")
+        devices[device_id] = info
+
+    def __contains__(self, key: tuple[str, str]) -> bool:
+        resource, device_id = key
+        return device_id in self._resources.get(resource, {})
+
+    def build(self) -> DeviceTree:
+        return DeviceTree(self._resources)
+
+
+def is_device_node_path(path: str) -> bool:
+    """True for an absolute, normalised path under /dev (what a node path from sysfs must be)."""
+    return path.startswith("/dev/") and "\0" not in path and os.path.normpath(path) == path

@@ -1,0 +1,120 @@
+"""Naming rules shared by config, scanners, servers and the kubelet simulator.
+
+Resource names follow the kubelet's ``IsExtendedResourceName``: the name must contain a "/",
+must not be in the ``kubernetes.io`` namespace, must not start with ``requests.``, and
+``"requests." + name`` must be a qualified name (a DNS-1123 subdomain prefix of at most 253
+characters, then a name of at most 63 alphanumerics, "-", "_" or "." starting and ending with
+an alphanumeric). Device ids are kept to the CDI device-name alphabet so that one id serves as
+the kubelet's device ID, the CDI device name and a log field without escaping.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+
+from devplug.errors import InvalidNameError
+
+_DNS1123_LABEL = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"
+_DNS1123_SUBDOMAIN = re.compile(rf"^{_DNS1123_LABEL}(\.{_DNS1123_LABEL})*$")
+_QUALIFIED_NAME = re.compile(r"^([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]$")
+_DEVICE_ID = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9_.:-]*[A-Za-z0-9])?$")
+
+REQUESTS_PREFIX = "requests."
+NATIVE_NAMESPACE = "kubernetes.io/"
+MAX_SUBDOMAIN = 253
+MAX_NAME = 63
+MAX_DEVICE_ID = 63
+# sun_path is 108 bytes on Linux, one of them the terminating NUL.
+MAX_UNIX_SOCKET_PATH = 107
+
+
+def resource_name_problem(name: str) -> str | None:
+    """Why the kubelet would refuse ``name`` as an extended resource name, or None."""
+    if "/" not in name:
+        return "must be '<domain>/<name>' (an extended resource name contains a '/')"
+    if NATIVE_NAMESPACE in name:
+        return "the kubernetes.io namespace is reserved for native resources"
+    if name.startswith(REQUESTS_PREFIX):
+        return f"must not start with {REQUESTS_PREFIX!r}"
+    domain, _, short = (REQUESTS_PREFIX + name).partition("/")
+    if "/" in short:
+        return "must contain exactly one '/'"
+    if len(domain) > MAX_SUBDOMAIN or not _DNS1123_SUBDOMAIN.match(domain):
+        return (
+            "the domain must be a DNS-1123 subdomain: lower-case alphanumerics, '-' and '.', "
+            f"starting and ending with an alphanumeric, at most {MAX_SUBDOMAIN - 9} characters"
+        )
+    if len(short) > MAX_NAME or not _QUALIFIED_NAME.match(short):
+        return (
+            "the part after '/' must be 1-63 characters of alphanumerics, '-', '_' or '.', "
+            "starting and ending with an alphanumeric"
+        )
+    return None
+
+
+def validate_resource_name(name: str) -> str:
+    """Return ``name`` if the kubelet would accept it, else raise InvalidNameError."""
+    problem = resource_name_problem(name)
+    if problem is not None:
+        raise InvalidNameError(f"invalid resource name {name!r}: {problem}")
+    return name
+
+
+def device_id_problem(device_id: str) -> str | None:
+    """Why ``device_id`` is not a valid device id, or None."""
+    if not device_id:
+        return "must not be empty"
+    if len(device_id) > MAX_DEVICE_ID:
+        return f"must be at most {MAX_DEVICE_ID} characters (the kubelet's limit)"
+    if not _DEVICE_ID.match(device_id):
+        return (
+            "must be alphanumerics, '_', '-', '.' or ':', starting and ending with an "
+            "alphanumeric (the CDI device-name alphabet)"
+        )
+    return None
+
+
+def validate_device_id(device_id: str) -> str:
+    problem = device_id_problem(device_id)
+    if problem is not None:
+        raise InvalidNameError(f"invalid device id {device_id!r}: {problem}")
+    return device_id
+
+
+def sanitize_device_id(raw: str, max_length: int = MAX_DEVICE_ID) -> str:
+    """Map any string to a valid device id of at most ``max_length`` characters, deterministically.
+
+    Characters outside the id alphabet become "_"; leading and trailing non-alphanumerics are
+    dropped. A result that is empty or too long is replaced by a prefix plus a short hash of
+    ``raw``, so two different long inputs do not collide.
+    """
+    cleaned = re.sub(r"[^A-Za-z0-9_.:-]", "_", raw).strip("_.:-")
+    if cleaned and len(cleaned) <= max_length:
+        return cleaned
+    digest = hashlib.sha256(raw.encode("utf-8", "surrogateescape")).hexdigest()[:12]
+    prefix = cleaned[: max_length - len(digest) - 1].rstrip("_.:-")
+    return f"{prefix}-{digest}" if prefix else f"dev-{digest}"
+
+
+def socket_file_name(resource: str) -> str:
+    """The plugin socket's file name for ``resource``: readable, one path component.
+
+    ``example.com/serial`` becomes ``devplug-example.com_serial.sock``. Resource names are
+    validated first, so the result holds only ``[A-Za-z0-9._-]``.
+    """
+    validate_resource_name(resource)
+    return "devplug-" + resource.replace("/", "_") + ".sock"
+
+
+def short_socket_file_name(resource: str) -> str:
+    """A short, stable socket file name for resources whose readable name is too long."""
+    digest = hashlib.sha256(resource.encode()).hexdigest()[:16]
+    return f"devplug-{digest}.sock"
+
+
+def natural_key(text: str) -> tuple[tuple[int, int | str], ...]:
+    """Sort key that orders "gpu2" before "gpu10"."""
+    return tuple(
+        (0, int(part)) if part.isdigit() else (1, part) for part in re.split(r"(\d+)", text) if part
+    )

@@ -1,0 +1,1 @@
+"""Scanners: turn udev devices into a DeviceTree. See ``base`` for the protocols."""

@@ -1,0 +1,91 @@
+"""What a scanner is, and the optional hooks it may implement.
+
+A scanner is a plain synchronous object: ``scan(source)`` reads devices through a
+:class:`~devplug.scanners.udev.UdevSource` and returns a :class:`~devplug.model.DeviceTree`.
+The daemon runs it in a worker thread, so it may block on sysfs reads but must not touch the
+event loop. Hooks mirror Intel's device plugin framework; each is a separate Protocol so a
+scanner implements only what it needs, and the server discovers them with ``isinstance``.
+Hook methods run on the event loop and may be plain functions or coroutines.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Mapping, Sequence
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
+
+from devplug.model import ContainerAllocation, DeviceInfo, DeviceTree
+
+if TYPE_CHECKING:
+    from devplug.scanners.udev import UdevSource
+
+
+@runtime_checkable
+class Scanner(Protocol):
+    """Turns what udev shows into a DeviceTree."""
+
+    name: str
+
+    def scan(self, source: UdevSource) -> DeviceTree: ...
+
+
+@runtime_checkable
+class Allocator(Protocol):
+    """Replaces the default Allocate answer.
+
+    Return one ContainerAllocation per entry of ``requests`` (each a list of device ids, already
+    checked to be advertised and healthy), or None to use the default answer.
+    """
+
+    def allocate(
+        self,
+        resource: str,
+        requests: Sequence[Sequence[str]],
+        devices: Mapping[str, DeviceInfo],
+    ) -> (
+        Sequence[ContainerAllocation]
+        | None
+        | Awaitable[Sequence[ContainerAllocation] | None]
+    ): ...
+
+
+@runtime_checkable
+class PostAllocator(Protocol):
+    """Adjusts the answer (default or an Allocator's) before it is sent."""
+
+    def post_allocate(
+        self,
+        resource: str,
+        requests: Sequence[Sequence[str]],
+        answers: Sequence[ContainerAllocation],
+    ) -> Sequence[ContainerAllocation] | Awaitable[Sequence[ContainerAllocation]]: ...
+
+
+@runtime_checkable
+class PreferredAllocator(Protocol):
+    """Replaces the default GetPreferredAllocation policy for one container.
+
+    ``available`` and ``must_include`` come from the kubelet. Return the preferred ids; the
+    server makes sure ``must_include`` is honoured and the answer stays within ``available``.
+    """
+
+    def preferred_allocation(
+        self,
+        resource: str,
+        available: Sequence[str],
+        must_include: Sequence[str],
+        size: int,
+        devices: Mapping[str, DeviceInfo],
+    ) -> Sequence[str] | Awaitable[Sequence[str]]: ...
+
+
+@runtime_checkable
+class ContainerPreStarter(Protocol):
+    """Runs before each container that got devices starts (PreStartContainer).
+
+    Implementing it makes the server ask the kubelet to call PreStartContainer. Raise
+    :class:`~devplug.errors.AllocationError` to refuse the start.
+    """
+
+    def pre_start_container(
+        self, resource: str, device_ids: Sequence[str]
+    ) -> None | Awaitable[None]: ...

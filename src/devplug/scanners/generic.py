@@ -1,0 +1,157 @@
+"""The generic scanner: devices matched by config, one device (or ``shares`` ids) per node.
+
+Each entry of ``scanners.generic`` names a resource and a udev match. Every device that
+matches and has a device node becomes a device of that resource, advertised only once its node
+exists. Ids come from the node path below /dev ("ttyUSB0", "dri_card0"), or from a udev
+property named by ``id_property`` (e.g. ``ID_PATH``, stable across renumbering), sanitised to
+the id alphabet; with ``shares: N`` each device gets the ids ``<id>-0`` .. ``<id>-<N-1>``.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from collections.abc import Sequence
+from typing import Any
+
+import structlog
+from pydantic import Field, ValidationError, field_validator, model_validator
+
+from devplug.config import StrictModel, config_error
+from devplug.errors import ConfigError
+from devplug.model import DeviceInfo, DeviceNode, DeviceTree, DeviceTreeBuilder
+from devplug.naming import MAX_DEVICE_ID, sanitize_device_id, validate_resource_name
+from devplug.scanners.udev import UdevDevice, UdevSource
+
+log = structlog.get_logger("devplug.scanners.generic")
+
+MAX_SHARES = 1000
+
+
+class GenericMatch(StrictModel):
+    subsystem: str | None = None
+    devnode: str | None = Field(default=None, description="glob over the /dev path")
+    properties: dict[str, str] = Field(default_factory=dict, description="udev properties, globs")
+    attributes: dict[str, str] = Field(default_factory=dict, description="sysfs attributes, globs")
+
+    @field_validator("devnode")
+    @classmethod
+    def _under_dev(cls, value: str | None) -> str | None:
+        if value is not None and not value.startswith("/dev/"):
+            raise ValueError(f"must be a glob of paths under /dev/, e.g. /dev/ttyUSB*; got {value!r}")
+        return value
+
+    @field_validator("attributes")
+    @classmethod
+    def _plain_names(cls, value: dict[str, str]) -> dict[str, str]:
+        for name in value:
+            if not name or "/" in name or "\0" in name or name in (".", ".."):
+                raise ValueError(f"attribute names are plain sysfs file names, got {name!r}")
+        return value
+
+    @model_validator(mode="after")
+    def _something_to_match(self) -> GenericMatch:
+        if self.subsystem is None and self.devnode is None:
+            raise ValueError("give at least 'subsystem' or 'devnode'")
+        return self
+
+
+class GenericEntry(StrictModel):
+    resource: str
+    match: GenericMatch
+    shares: int = Field(default=1, ge=1, le=MAX_SHARES)
+    permissions: str = Field(default="rw", pattern=r"^[rwm]{1,3}$")
+    id_property: str | None = None
+
+    @field_validator("resource")
+    @classmethod
+    def _kubelet_name(cls, value: str) -> str:
+        return validate_resource_name(value)
+
+
+def _matches(device: UdevDevice, node: str, match: GenericMatch) -> bool:
+    if match.devnode is not None and not fnmatch.fnmatchcase(node, match.devnode):
+        return False
+    props = device.properties
+    for key, pattern in match.properties.items():
+        value = props.get(key)
+        if value is None or not fnmatch.fnmatchcase(value, pattern):
+            return False
+    for name, pattern in match.attributes.items():
+        value = device.attribute(name)
+        if value is None or not fnmatch.fnmatchcase(value, pattern):
+            return False
+    return True
+
+
+class GenericScanner:
+    """Scanner for ``scanners.generic``: a list of resource entries."""
+
+    name = "generic"
+
+    def __init__(self, entries: Sequence[GenericEntry]) -> None:
+        self.entries = tuple(entries)
+
+    @classmethod
+    def from_config(cls, raw: Any, field: str = "scanners.generic") -> GenericScanner:
+        if raw is None:
+            raw = []
+        if not isinstance(raw, list):
+            raise ConfigError(field, "must be a list of entries with 'resource' and 'match'")
+        entries = []
+        for index, item in enumerate(raw):
+            try:
+                entries.append(GenericEntry.model_validate(item))
+            except ValidationError as exc:
+                raise config_error(exc, f"{field}[{index}]", GenericEntry) from None
+        seen: set[str] = set()
+        for index, entry in enumerate(entries):
+            if entry.resource in seen:
+                raise ConfigError(
+                    f"{field}[{index}].resource",
+                    f"{entry.resource!r} is configured twice; merge the matches into one entry",
+                )
+            seen.add(entry.resource)
+        return cls(entries)
+
+    def scan(self, source: UdevSource) -> DeviceTree:
+        builder = DeviceTreeBuilder()
+        for entry in self.entries:
+            self._scan_entry(source, entry, builder)
+        return builder.build()
+
+    def _scan_entry(self, source: UdevSource, entry: GenericEntry, builder: DeviceTreeBuilder) -> None:
+        suffix = len(str(entry.shares - 1)) + 1 if entry.shares > 1 else 0
+        # Exact-match properties are pushed down to libudev; globs are checked here.
+        exact = {k: v for k, v in entry.match.properties.items() if not any(c in v for c in "*?[")}
+        for device in source.devices(entry.match.subsystem, exact):
+            node = device.device_node
+            if node is None or not _matches(device, node, entry.match):
+                continue
+            if not source.node_exists(node):
+                # Never advertise a device before its node exists.
+                log.debug("generic.node_missing", resource=entry.resource, node=node)
+                continue
+            base = self._base_id(device, node, entry, MAX_DEVICE_ID - suffix)
+            ids = [base] if entry.shares == 1 else [f"{base}-{i}" for i in range(entry.shares)]
+            if (entry.resource, ids[0]) in builder:
+                log.warning(
+                    "generic.duplicate_id", resource=entry.resource, device_id=base, node=node
+                )
+                continue
+            numa = device.numa_node()
+            info = DeviceInfo(
+                nodes=(DeviceNode(node, node, entry.permissions),),
+                numa_nodes=() if numa is None else (numa,),
+                sources=(device.sys_path,),
+            )
+            for device_id in ids:
+                builder.add(entry.resource, device_id, info)
+
+    @staticmethod
+    def _base_id(device: UdevDevice, node: str, entry: GenericEntry, max_length: int) -> str:
+        if entry.id_property is not None:
+            value = device.properties.get(entry.id_property)
+            if value:
+                return sanitize_device_id(value, max_length)
+        return sanitize_device_id(node.removeprefix("/dev/"), max_length)
+

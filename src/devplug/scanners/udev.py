@@ -1,0 +1,186 @@
+"""The udev device source: the only module that imports pyudev.
+
+Scanners see :class:`UdevDevice`, a read-only view that never raises because a device vanished
+half-way through a scan: reads of a gone device return None. Nothing read here is trusted as a
+path until checked: device nodes must be normalised paths under /dev, link targets are reduced
+to a validated basename.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from collections.abc import Iterator, Mapping
+from types import MappingProxyType
+
+import pyudev
+
+from devplug.model import is_device_node_path
+
+# Real sysfs attributes are at most a page; anything larger is not an attribute we understand.
+MAX_ATTRIBUTE_BYTES = 4096
+
+
+class UdevDevice:
+    """A snapshot of one udev device's identity plus lazy, failure-tolerant reads."""
+
+    __slots__ = ("_device", "_properties")
+
+    def __init__(self, device: pyudev.Device) -> None:
+        self._device = device
+        self._properties: Mapping[str, str] | None = None
+
+    def __repr__(self) -> str:
+        return f"UdevDevice({self.sys_path!r})"
+
+    @property
+    def sys_path(self) -> str:
+        return str(self._device.sys_path)
+
+    @property
+    def sys_name(self) -> str:
+        return str(self._device.sys_name)
+
+    @property
+    def subsystem(self) -> str | None:
+        value = self._device.subsystem
+        return None if value is None else str(value)
+
+    @property
+    def device_type(self) -> str | None:
+        value = self._device.device_type
+        return None if value is None else str(value)
+
+    @property
+    def driver(self) -> str | None:
+        """The bound driver, from the DRIVER property (the sysfs link target is not trusted)."""
+        value = self.properties.get("DRIVER")
+        return value or None
+
+    @property
+    def device_node(self) -> str | None:
+        """The /dev path, or None when there is none or it is not a clean path under /dev."""
+        value = self._device.device_node
+        if value is None:
+            return None
+        path = str(value)
+        return path if is_device_node_path(path) else None
+
+    @property
+    def devlinks(self) -> tuple[str, ...]:
+        return tuple(str(p) for p in self._device.device_links if is_device_node_path(str(p)))
+
+    @property
+    def properties(self) -> Mapping[str, str]:
+        if self._properties is None:
+            try:
+                snapshot = {str(k): str(v) for k, v in self._device.properties.items()}
+            except (OSError, KeyError, pyudev.DeviceNotFoundError):
+                snapshot = {}
+            self._properties = MappingProxyType(snapshot)
+        return self._properties
+
+    def attribute(self, name: str) -> str | None:
+        """A sysfs attribute as stripped text, or None if missing, unreadable or oversized."""
+        if "/" in name or "\0" in name or name in ("", ".", ".."):
+            raise ValueError(f"attribute names are plain file names, got {name!r}")
+        try:
+            raw = self._device.attributes.get(name)
+        except (OSError, KeyError, pyudev.DeviceNotFoundError):
+            return None
+        if raw is None or len(raw) > MAX_ATTRIBUTE_BYTES:
+            return None
+        text = bytes(raw).decode("utf-8", "replace")
+        if "\0" in text:
+            return None
+        return text.strip()
+
+    def int_attribute(self, name: str, base: int = 0) -> int | None:
+        """An integer attribute (decimal, or hex with 0x), or None if absent or not a number."""
+        text = self.attribute(name)
+        if text is None:
+            return None
+        try:
+            return int(text, base)
+        except ValueError:
+            return None
+
+    def link_basename(self, name: str) -> str | None:
+        """Basename of a symlink in the device's sysfs dir (e.g. ``iommu_group`` -> "12")."""
+        if "/" in name or "\0" in name or name in ("", ".", ".."):
+            raise ValueError(f"link names are plain file names, got {name!r}")
+        try:
+            target = os.readlink(os.path.join(self.sys_path, name))
+        except OSError:
+            return None
+        base = os.path.basename(target.rstrip("/"))
+        if not base or base in (".", "..") or "\0" in base:
+            return None
+        return base
+
+    def parent(self, subsystem: str | None = None, device_type: str | None = None) -> UdevDevice | None:
+        """The nearest ancestor (of ``subsystem``/``device_type`` when given), or None."""
+        try:
+            if subsystem is None:
+                found = self._device.parent
+            else:
+                found = self._device.find_parent(subsystem, device_type)
+        except (OSError, pyudev.DeviceNotFoundError):
+            return None
+        return None if found is None else UdevDevice(found)
+
+    def children(self, subsystem: str | None = None) -> list[UdevDevice]:
+        try:
+            kids = list(self._device.children)
+        except (OSError, pyudev.DeviceNotFoundError):
+            return []
+        return [UdevDevice(k) for k in kids if subsystem is None or k.subsystem == subsystem]
+
+    def numa_node(self) -> int | None:
+        """The NUMA node of this device or its nearest ancestor that reports one (-1 = none)."""
+        current: UdevDevice | None = self
+        while current is not None:
+            node = current.int_attribute("numa_node", 10)
+            if node is not None:
+                return node if node >= 0 else None
+            current = current.parent()
+        return None
+
+
+class UdevSource:
+    """Enumerates devices through libudev. Create one per scan, in the scanning thread."""
+
+    def __init__(self) -> None:
+        self._context = pyudev.Context()
+
+    def devices(
+        self, subsystem: str | None = None, properties: Mapping[str, str] | None = None
+    ) -> Iterator[UdevDevice]:
+        """Devices of ``subsystem`` whose properties equal ``properties`` (all of them)."""
+        enumerator = self._context.list_devices()
+        if subsystem is not None:
+            enumerator = enumerator.match_subsystem(subsystem)
+        for key, value in (properties or {}).items():
+            enumerator = enumerator.match_property(key, value)
+        for device in enumerator:
+            yield UdevDevice(device)
+
+    def device(self, sys_path: str) -> UdevDevice | None:
+        """The device at ``sys_path`` as it is now, or None if it is gone."""
+        if not sys_path.startswith("/sys/") or ".." in sys_path.split("/"):
+            raise ValueError(f"not a sysfs device path: {sys_path!r}")
+        try:
+            return UdevDevice(pyudev.Devices.from_sys_path(self._context, sys_path))
+        except (OSError, pyudev.DeviceNotFoundError):
+            return None
+
+    @staticmethod
+    def node_exists(path: str) -> bool:
+        """True if ``path`` is a character or block device node (stat only, never opened)."""
+        if not is_device_node_path(path):
+            return False
+        try:
+            mode = os.stat(path).st_mode
+        except OSError:
+            return False
+        return stat.S_ISCHR(mode) or stat.S_ISBLK(mode)

@@ -1,0 +1,81 @@
+"""Running the daemon inside a test, and a scanner whose devices the test sets.
+
+``running_daemon`` starts the real daemon (watcher, manager, servers) on the test's event loop
+with short back-off timings, and stops it on exit, so a test can drive it through a
+:class:`~devplug.testing.simulator.KubeletSimulator`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Mapping, Sequence
+from pathlib import Path
+
+from devplug.config import HotplugSettings, Settings
+from devplug.daemon.runner import Daemon
+from devplug.daemon.server import ServerTiming
+from devplug.model import DeviceInfo, DeviceTree
+from devplug.scanners.base import Scanner
+from devplug.scanners.udev import UdevSource
+
+# Short waits so tests finish quickly; the logic is the same as on a node.
+FAST_TIMING = ServerTiming(
+    register_timeout_s=5.0,
+    backoff_initial_s=0.01,
+    backoff_max_s=0.2,
+    stat_backstop_s=0.5,
+    drain_timeout_s=1.0,
+    in_use_probe_s=0.5,
+)
+
+
+class StaticScanner:
+    """A scanner that reports whatever devices the test last gave it (no hardware involved).
+
+    Subclass it to test hooks (Allocator, PreferredAllocator, ...) without a device source.
+    """
+
+    name = "static"
+
+    def __init__(self, resources: Mapping[str, Mapping[str, DeviceInfo]] | None = None) -> None:
+        self.tree = DeviceTree(resources)
+
+    def set(self, resources: Mapping[str, Mapping[str, DeviceInfo]]) -> None:
+        self.tree = DeviceTree(resources)
+
+    def scan(self, source: UdevSource) -> DeviceTree:
+        return self.tree
+
+
+def test_settings(kubelet_dir: Path, cdi_dir: Path | None = None, **overrides: object) -> Settings:
+    """Settings for an in-test daemon: no periodic rescans unless the test asks for them."""
+    values: dict[str, object] = {
+        "kubelet_dir": kubelet_dir,
+        "cdi_dir": cdi_dir or kubelet_dir.parent / "cdi",
+        "hotplug": HotplugSettings(poll_s=3600),
+    }
+    values.update(overrides)
+    return Settings.model_validate(values)
+
+
+test_settings.__test__ = False  # type: ignore[attr-defined]  # not a pytest test
+
+
+@contextlib.asynccontextmanager
+async def running_daemon(
+    settings: Settings, scanners: Sequence[Scanner], *, timing: ServerTiming = FAST_TIMING
+) -> AsyncIterator[Daemon]:
+    """Start the daemon, wait for its first scan, yield it; stop it (and check it stopped) after."""
+    daemon = Daemon(settings, scanners, timing)
+    task = asyncio.create_task(daemon.run(), name="devplug-daemon")
+    first = asyncio.create_task(daemon.first_scan_done.wait())
+    try:
+        done, _ = await asyncio.wait({task, first}, return_when=asyncio.FIRST_COMPLETED)
+        if task in done:
+            task.result()  # the daemon failed during start-up: raise its error here
+        yield daemon
+    finally:
+        first.cancel()
+        daemon.request_stop()
+        await task

@@ -1,0 +1,383 @@
+"""A kubelet stand-in for tests: the Registration service plus a device manager's client side.
+
+It behaves like the kubelet where a plugin can tell the difference: it serves Registration on
+``kubelet.sock`` in the directory you give it; it refuses a wrong API version, a resource name
+the kubelet would refuse and an endpoint that is not a socket file in its dir; before answering
+Register it dials the plugin back and calls GetDevicePluginOptions (so a plugin that blocks its
+event loop while registering deadlocks here as it would on a node); then it opens ListAndWatch
+and records every list. :meth:`KubeletSimulator.restart` does what a kubelet restart does to
+the dir: its socket goes, every socket file but the checkpoint is deleted, ``kubelet.sock``
+comes back.
+
+Plugin authors: see the README's "Testing a scanner" section.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import stat
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import TracebackType
+from typing import TypeVar
+
+import grpc
+
+from devplug._proto import deviceplugin_v1beta1_pb2 as pb
+from devplug._proto import deviceplugin_v1beta1_pb2_grpc as pb_grpc
+from devplug.daemon.convert import container_allocation
+from devplug.daemon.kubelet import API_VERSION, CHECKPOINT_FILE, KUBELET_SOCKET
+from devplug.model import ContainerAllocation
+from devplug.naming import resource_name_problem
+
+T = TypeVar("T")
+
+# The kubelet dials a registering plugin with a 10 s timeout.
+DIAL_TIMEOUT_S = 10.0
+DEFAULT_WAIT_S = 10.0
+
+
+class SimulatorRpcError(Exception):
+    """A plugin answered an RPC with an error status. ``code`` is the status name."""
+
+    def __init__(self, code: str, details: str) -> None:
+        super().__init__(f"{code}: {details}")
+        self.code = code
+        self.details = details
+
+
+@dataclass(frozen=True, slots=True)
+class ListedDevice:
+    """One device of a ListAndWatch message, as the kubelet records it."""
+
+    id: str
+    health: str
+    numa_nodes: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class PluginOptions:
+    pre_start_required: bool
+    get_preferred_allocation_available: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Registration:
+    """One Register call and the simulator's verdict."""
+
+    resource: str
+    endpoint: str
+    version: str
+    accepted: bool
+    error: str | None
+    generation: int
+    at: float = field(default_factory=time.monotonic)
+
+
+async def _call(call: Callable[[], Awaitable[T]]) -> T:
+    try:
+        return await call()
+    except grpc.aio.AioRpcError as exc:
+        raise SimulatorRpcError(exc.code().name, exc.details() or "") from None
+
+
+class PluginSession:
+    """One registered plugin as the kubelet sees it: a channel, options and the lists it sent."""
+
+    def __init__(self, resource: str, endpoint: Path, options: PluginOptions, generation: int) -> None:
+        self.resource = resource
+        self.endpoint = endpoint
+        self.options = options
+        self.generation = generation
+        self.updates: list[dict[str, ListedDevice]] = []
+        self.update_times: list[float] = []
+        self.stream_error: str | None = None
+        self.stream_ended = asyncio.Event()
+        self._changed = asyncio.Condition()
+        self._channel = grpc.aio.insecure_channel(f"unix://{endpoint}")
+        self.stub = pb_grpc.DevicePluginStub(self._channel)
+        self._task: asyncio.Task[None] | None = None
+
+    @property
+    def latest(self) -> dict[str, ListedDevice]:
+        """The last list received ({} before the first)."""
+        return self.updates[-1] if self.updates else {}
+
+    def healthy_ids(self) -> set[str]:
+        return {d.id for d in self.latest.values() if d.health == "Healthy"}
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._watch(), name=f"sim-listandwatch:{self.resource}")
+
+    async def _watch(self) -> None:
+        try:
+            async for message in self.stub.ListAndWatch(pb.Empty()):
+                listed = {
+                    d.ID: ListedDevice(d.ID, d.health, tuple(n.ID for n in d.topology.nodes))
+                    for d in message.devices
+                }
+                async with self._changed:
+                    self.updates.append(listed)
+                    self.update_times.append(time.perf_counter())
+                    self._changed.notify_all()
+        except grpc.aio.AioRpcError as exc:
+            self.stream_error = f"{exc.code().name}: {exc.details()}"
+        finally:
+            self.stream_ended.set()
+            async with self._changed:
+                self._changed.notify_all()
+
+    async def wait_for_update(
+        self,
+        predicate: Callable[[dict[str, ListedDevice]], bool] | None = None,
+        *,
+        after: int = 0,
+        timeout: float = DEFAULT_WAIT_S,
+    ) -> dict[str, ListedDevice]:
+        """Wait for a list (the ``after``-th or later) that satisfies ``predicate``; return it."""
+
+        def found() -> dict[str, ListedDevice] | None:
+            for listed in self.updates[after:]:
+                if predicate is None or predicate(listed):
+                    return listed
+            return None
+
+        async with asyncio.timeout(timeout), self._changed:
+            while (hit := found()) is None:
+                if self.stream_ended.is_set():
+                    raise AssertionError(
+                        f"{self.resource}: ListAndWatch ended ({self.stream_error or 'OK'}) "
+                        f"before a matching list; got {len(self.updates)} lists"
+                    )
+                await self._changed.wait()
+            return hit
+
+    async def get_options(self) -> PluginOptions:
+        got = await _call(lambda: self.stub.GetDevicePluginOptions(pb.Empty()))
+        return PluginOptions(got.pre_start_required, got.get_preferred_allocation_available)
+
+    async def allocate(self, *containers: Sequence[str]) -> list[ContainerAllocation]:
+        """Allocate, one id list per container; errors raise SimulatorRpcError."""
+        request = pb.AllocateRequest(
+            container_requests=[pb.ContainerAllocateRequest(devices_ids=ids) for ids in containers]
+        )
+        answer = await _call(lambda: self.stub.Allocate(request))
+        return [container_allocation(c) for c in answer.container_responses]
+
+    async def preferred(
+        self, available: Sequence[str], size: int, must_include: Sequence[str] = ()
+    ) -> list[str]:
+        """GetPreferredAllocation for one container; refused if the plugin did not offer it."""
+        if not self.options.get_preferred_allocation_available:
+            raise AssertionError(
+                f"{self.resource}: the kubelet would not call GetPreferredAllocation: the plugin "
+                "registered without get_preferred_allocation_available"
+            )
+        request = pb.PreferredAllocationRequest(
+            container_requests=[
+                pb.ContainerPreferredAllocationRequest(
+                    available_deviceIDs=available,
+                    must_include_deviceIDs=must_include,
+                    allocation_size=size,
+                )
+            ]
+        )
+        answer = await _call(lambda: self.stub.GetPreferredAllocation(request))
+        return list(answer.container_responses[0].deviceIDs)
+
+    async def pre_start(self, device_ids: Sequence[str]) -> None:
+        if not self.options.pre_start_required:
+            raise AssertionError(
+                f"{self.resource}: the kubelet would not call PreStartContainer: the plugin "
+                "registered without pre_start_required"
+            )
+        request = pb.PreStartContainerRequest(devices_ids=device_ids)
+        await _call(lambda: self.stub.PreStartContainer(request))
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        await self._channel.close()
+
+
+class _Registration(pb_grpc.RegistrationServicer):
+    def __init__(self, simulator: KubeletSimulator) -> None:
+        self.simulator = simulator
+
+    async def Register(
+        self,
+        request: pb.RegisterRequest,
+        context: grpc.aio.ServicerContext[pb.RegisterRequest, pb.Empty],
+    ) -> pb.Empty:
+        error = await self.simulator._admit(request)
+        if error is not None:
+            # The kubelet answers a refused registration with a plain error (code UNKNOWN).
+            await context.abort(grpc.StatusCode.UNKNOWN, error)
+        return pb.Empty()
+
+
+class KubeletSimulator:
+    """Serve Registration in ``directory``; use ``async with KubeletSimulator(dir) as kubelet``."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = Path(directory)
+        self.socket_path = self.directory / KUBELET_SOCKET
+        self.checkpoint_path = self.directory / CHECKPOINT_FILE
+        self.registrations: list[Registration] = []
+        self.sessions: dict[str, PluginSession] = {}
+        self.generation = 0
+        self._retired: list[PluginSession] = []
+        self._server: grpc.aio.Server | None = None
+        self._changed = asyncio.Condition()
+
+    async def __aenter__(self) -> KubeletSimulator:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.stop()
+
+    async def start(self) -> None:
+        """Create the dir and checkpoint if missing, then serve Registration on kubelet.sock."""
+        self.directory.mkdir(parents=True, exist_ok=True)
+        if not self.checkpoint_path.exists():
+            self.checkpoint_path.write_text('{"Data":{"PodDeviceEntries":null},"Checksum":0}')
+        server = grpc.aio.server()
+        pb_grpc.add_RegistrationServicer_to_server(_Registration(self), server)
+        server.add_insecure_port(f"unix://{self.socket_path}")
+        await server.start()
+        self._server = server
+
+    async def stop(self) -> None:
+        """Stop serving and drop every plugin connection (kubelet.sock is removed)."""
+        server, self._server = self._server, None
+        if server is not None:
+            await server.stop(None)
+        sessions = [*self.sessions.values(), *self._retired]
+        self.sessions = {}
+        self._retired = []
+        await asyncio.gather(*(s.close() for s in sessions))
+
+    async def restart(self) -> None:
+        """What a kubelet restart does: stop, delete plugin sockets (not the checkpoint), serve."""
+        await self.stop()
+        for entry in os.scandir(self.directory):
+            if entry.name == CHECKPOINT_FILE:
+                continue
+            with contextlib.suppress(FileNotFoundError):
+                if stat.S_ISSOCK(entry.stat(follow_symlinks=False).st_mode):
+                    os.unlink(entry.path)
+        self.generation += 1
+        await self.start()
+
+    async def _admit(self, request: pb.RegisterRequest) -> str | None:
+        error = self._check(request)
+        session: PluginSession | None = None
+        if error is None:
+            try:
+                session = await self._connect(request)
+            except (grpc.aio.AioRpcError, TimeoutError) as exc:
+                detail = exc.details() if isinstance(exc, grpc.aio.AioRpcError) else "timed out"
+                error = f"failed to dial device plugin {request.endpoint}: {detail}"
+        async with self._changed:
+            self.registrations.append(
+                Registration(
+                    request.resource_name,
+                    request.endpoint,
+                    request.version,
+                    error is None,
+                    error,
+                    self.generation,
+                )
+            )
+            if session is not None:
+                old = self.sessions.get(request.resource_name)
+                if old is not None:
+                    # A re-registration replaces the previous connection, as in the kubelet.
+                    self._retired.append(old)
+                    await old.close()
+                self.sessions[request.resource_name] = session
+                session.start()
+            self._changed.notify_all()
+        return error
+
+    def _check(self, request: pb.RegisterRequest) -> str | None:
+        if request.version != API_VERSION:
+            return (
+                f"Requested device plugin version {request.version!r} is not supported; "
+                f"supported: [{API_VERSION}]"
+            )
+        problem = resource_name_problem(request.resource_name)
+        if problem is not None:
+            return f"invalid name of device plugin socket: {request.resource_name!r}: {problem}"
+        endpoint = request.endpoint
+        if not endpoint or "/" in endpoint or endpoint in (".", ".."):
+            return f"endpoint must be a file name in {self.directory}, got {endpoint!r}"
+        try:
+            mode = os.lstat(self.directory / endpoint).st_mode
+        except OSError:
+            return f"endpoint {endpoint!r} does not exist in {self.directory}"
+        if not stat.S_ISSOCK(mode):
+            return f"endpoint {endpoint!r} is not a unix socket"
+        return None
+
+    async def _connect(self, request: pb.RegisterRequest) -> PluginSession:
+        """Dial back and ask for the options, as the kubelet does before answering Register."""
+        endpoint = self.directory / request.endpoint
+        probe = PluginSession(
+            request.resource_name, endpoint, PluginOptions(False, False), self.generation
+        )
+        try:
+            got = await probe.stub.GetDevicePluginOptions(
+                pb.Empty(), timeout=DIAL_TIMEOUT_S, wait_for_ready=True
+            )
+        except BaseException:
+            await probe.close()
+            raise
+        probe.options = PluginOptions(got.pre_start_required, got.get_preferred_allocation_available)
+        return probe
+
+    async def wait_for_plugin(
+        self,
+        resource: str,
+        *,
+        generation: int | None = None,
+        replacing: PluginSession | None = None,
+        timeout: float = DEFAULT_WAIT_S,
+    ) -> PluginSession:
+        """Wait until ``resource`` is registered in ``generation`` (default: the current one).
+
+        With ``replacing``, wait for a registration newer than that session.
+        """
+        wanted = self.generation if generation is None else generation
+
+        def ready() -> PluginSession | None:
+            session = self.sessions.get(resource)
+            if session is not None and session.generation >= wanted and session is not replacing:
+                return session
+            return None
+
+        async with asyncio.timeout(timeout), self._changed:
+            while (session := ready()) is None:
+                await self._changed.wait()
+            return session
+
+    async def wait_for_registrations(
+        self, count: int, *, timeout: float = DEFAULT_WAIT_S
+    ) -> list[Registration]:
+        """Wait until at least ``count`` Register calls have been answered."""
+        async with asyncio.timeout(timeout), self._changed:
+            while len(self.registrations) < count:
+                await self._changed.wait()
+            return list(self.registrations)

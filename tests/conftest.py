@@ -1,0 +1,51 @@
+"""Shared fixtures: short socket dirs, a kubelet simulator, leak checks."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import tempfile
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+
+from devplug.testing.simulator import KubeletSimulator
+
+
+@pytest.fixture
+def short_dir() -> Iterator[Path]:
+    """A short directory under /tmp: unix socket paths must stay under 108 bytes."""
+    path = Path(tempfile.mkdtemp(prefix="dp-", dir="/tmp"))
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture
+def kubelet_dir(short_dir: Path) -> Path:
+    path = short_dir / "device-plugins"
+    path.mkdir()
+    return path
+
+
+@pytest.fixture
+async def kubelet(kubelet_dir: Path) -> AsyncIterator[KubeletSimulator]:
+    async with KubeletSimulator(kubelet_dir) as simulator:
+        yield simulator
+
+
+@pytest.fixture(autouse=True)
+async def _no_leaked_tasks() -> AsyncIterator[None]:
+    """Fail a test that leaves tasks running on its loop (a leaked server, stream or watcher)."""
+    before = asyncio.all_tasks()
+    yield
+    current = asyncio.current_task()
+    for _ in range(50):
+        leaked = {t for t in asyncio.all_tasks() - before if t is not current and not t.done()}
+        if not leaked:
+            return
+        await asyncio.sleep(0.01)
+    names = sorted(t.get_name() for t in leaked)
+    pytest.fail(f"tasks leaked by the test: {names}")

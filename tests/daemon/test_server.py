@@ -1,0 +1,250 @@
+"""The daemon against the kubelet simulator over real unix sockets."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import stat
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import pytest
+
+from devplug.errors import AllocationError
+from devplug.model import ContainerAllocation, DeviceInfo, DeviceNode, Health
+from devplug.testing.harness import StaticScanner, running_daemon, test_settings
+from devplug.testing.simulator import KubeletSimulator, SimulatorRpcError
+
+SERIAL = "example.com/serial"
+
+
+def devices(count: int, health: Health = Health.HEALTHY, numa: int | None = None) -> dict[str, DeviceInfo]:
+    return {
+        f"dev{i}": DeviceInfo(
+            health=health,
+            nodes=(DeviceNode(f"/dev/ttyX{i}"),),
+            env={"SERIAL": str(i)},
+            numa_nodes=() if numa is None else (numa,),
+        )
+        for i in range(count)
+    }
+
+
+async def test_registers_and_sends_the_first_list(kubelet: KubeletSimulator, kubelet_dir: Path) -> None:
+    scanner = StaticScanner({SERIAL: devices(3)})
+    async with running_daemon(test_settings(kubelet_dir), [scanner]):
+        session = await kubelet.wait_for_plugin(SERIAL)
+        listed = await session.wait_for_update()
+        assert set(listed) == {"dev0", "dev1", "dev2"}
+        assert {d.health for d in listed.values()} == {"Healthy"}
+        registration = kubelet.registrations[-1]
+        assert registration.accepted and registration.version == "v1beta1"
+        assert registration.endpoint == "devplug-example.com_serial.sock"
+        mode = os.stat(kubelet_dir / registration.endpoint).st_mode
+        assert stat.S_ISSOCK(mode) and stat.S_IMODE(mode) == 0o600
+        assert session.options.get_preferred_allocation_available
+        assert not session.options.pre_start_required
+
+
+async def test_updates_reach_the_stream_and_topology_is_sent(
+    kubelet: KubeletSimulator, kubelet_dir: Path
+) -> None:
+    scanner = StaticScanner({SERIAL: devices(2, numa=1)})
+    async with running_daemon(test_settings(kubelet_dir), [scanner]) as daemon:
+        session = await kubelet.wait_for_plugin(SERIAL)
+        first = await session.wait_for_update()
+        assert first["dev0"].numa_nodes == (1,)
+        sick = devices(2, numa=1)
+        sick["dev1"] = DeviceInfo(health=Health.UNHEALTHY, health_reason="node gone")
+        scanner.set({SERIAL: {**sick, "dev2": DeviceInfo()}})
+        await daemon.rescan()
+        listed = await session.wait_for_update(lambda d: "dev2" in d)
+        assert listed["dev1"].health == "Unhealthy"
+        assert session.healthy_ids() == {"dev0", "dev2"}
+
+
+async def test_allocate_good_unknown_and_unhealthy_ids(kubelet: KubeletSimulator, kubelet_dir: Path) -> None:
+    tree = devices(3)
+    tree["dev2"] = DeviceInfo(health=Health.UNHEALTHY, nodes=(DeviceNode("/dev/ttyX2"),))
+    async with running_daemon(test_settings(kubelet_dir), [StaticScanner({SERIAL: tree})]):
+        session = await kubelet.wait_for_plugin(SERIAL)
+        await session.wait_for_update()
+        (first, second) = await session.allocate(["dev0"], ["dev1"])
+        assert [n.host_path for n in first.nodes] == ["/dev/ttyX0"]
+        assert first.nodes[0].permissions == "rw"
+        assert dict(second.env) == {"SERIAL": "1"}
+        with pytest.raises(SimulatorRpcError) as unknown:
+            await session.allocate(["dev0", "nope"])
+        assert unknown.value.code == "NOT_FOUND" and "'nope'" in unknown.value.details
+        with pytest.raises(SimulatorRpcError) as sick:
+            await session.allocate(["dev2"])
+        assert sick.value.code == "INVALID_ARGUMENT" and "'dev2'" in sick.value.details
+        # The daemon keeps serving after refusing.
+        (again,) = await session.allocate(["dev1"])
+        assert [n.host_path for n in again.nodes] == ["/dev/ttyX1"]
+
+
+async def test_preferred_allocation_honours_must_include(kubelet: KubeletSimulator, kubelet_dir: Path) -> None:
+    tree = {**{f"a{i}": DeviceInfo(numa_nodes=(0,)) for i in range(4)}, **{f"b{i}": DeviceInfo(numa_nodes=(1,)) for i in range(4)}}
+    async with running_daemon(test_settings(kubelet_dir), [StaticScanner({SERIAL: tree})]):
+        session = await kubelet.wait_for_plugin(SERIAL)
+        await session.wait_for_update()
+        got = await session.preferred(sorted(tree), 3, must_include=["b2"])
+        assert got[0] == "b2" and len(got) == 3 and all(i.startswith("b") for i in got)
+        # More than available: best effort, no error.
+        assert len(await session.preferred(["a0", "a1"], 5)) == 2
+
+
+class HookedScanner(StaticScanner):
+    """Implements every hook, recording calls."""
+
+    def __init__(self) -> None:
+        super().__init__({SERIAL: devices(4)})
+        self.prestarted: list[list[str]] = []
+
+    def allocate(
+        self, resource: str, requests: Sequence[Sequence[str]], devices: Mapping[str, DeviceInfo]
+    ) -> Sequence[ContainerAllocation] | None:
+        if requests[0] == ["dev3"]:
+            return None  # defer to the default answer
+        return [ContainerAllocation(env={"CUSTOM": ",".join(ids)}) for ids in requests]
+
+    async def post_allocate(
+        self, resource: str, requests: Sequence[Sequence[str]], answers: Sequence[ContainerAllocation]
+    ) -> Sequence[ContainerAllocation]:
+        return [
+            ContainerAllocation(env={**a.env, "POST": "1"}, nodes=a.nodes, cdi_devices=("example.com/serial=x",))
+            for a in answers
+        ]
+
+    def preferred_allocation(
+        self,
+        resource: str,
+        available: Sequence[str],
+        must_include: Sequence[str],
+        size: int,
+        devices: Mapping[str, DeviceInfo],
+    ) -> Sequence[str]:
+        return ["not-offered", *sorted(available, reverse=True)]
+
+    async def pre_start_container(self, resource: str, device_ids: Sequence[str]) -> None:
+        if "dev0" in device_ids:
+            raise AllocationError("invalid", "dev0 failed its reset")
+        self.prestarted.append(list(device_ids))
+
+
+async def test_hooks_replace_and_adjust_the_defaults(kubelet: KubeletSimulator, kubelet_dir: Path) -> None:
+    scanner = HookedScanner()
+    async with running_daemon(test_settings(kubelet_dir), [scanner]):
+        session = await kubelet.wait_for_plugin(SERIAL)
+        await session.wait_for_update()
+        assert session.options.pre_start_required
+        (custom,) = await session.allocate(["dev0", "dev1"])
+        assert dict(custom.env) == {"CUSTOM": "dev0,dev1", "POST": "1"}
+        assert custom.cdi_devices == ("example.com/serial=x",)
+        (default,) = await session.allocate(["dev3"])
+        assert dict(default.env) == {"SERIAL": "3", "POST": "1"}
+        assert [n.host_path for n in default.nodes] == ["/dev/ttyX3"]
+        # The hook's pick is kept within what was offered, must-include first.
+        assert await session.preferred(["dev0", "dev1", "dev2"], 2, must_include=["dev0"]) == ["dev0", "dev2"]
+        await session.pre_start(["dev1"])
+        assert scanner.prestarted == [["dev1"]]
+        with pytest.raises(SimulatorRpcError, match="dev0 failed its reset"):
+            await session.pre_start(["dev0"])
+        with pytest.raises(SimulatorRpcError) as unknown:
+            await session.pre_start(["ghost"])
+        assert unknown.value.code == "NOT_FOUND"
+
+
+async def test_twenty_kubelet_restarts_in_a_row(kubelet: KubeletSimulator, kubelet_dir: Path) -> None:
+    scanner = StaticScanner({SERIAL: devices(2), "example.com/other": devices(1)})
+    async with running_daemon(test_settings(kubelet_dir), [scanner]):
+        await kubelet.wait_for_plugin(SERIAL)
+        for _ in range(20):
+            await kubelet.restart()
+            for resource in (SERIAL, "example.com/other"):
+                session = await kubelet.wait_for_plugin(resource)
+                listed = await session.wait_for_update()
+                assert listed  # a fresh full list after every restart
+        assert (kubelet_dir / "kubelet_internal_checkpoint").exists()
+    accepted = [r for r in kubelet.registrations if r.accepted and r.resource == SERIAL]
+    assert [r.generation for r in accepted] == list(range(21))
+
+
+async def test_kubelet_missing_at_start_is_waited_for(kubelet_dir: Path) -> None:
+    scanner = StaticScanner({SERIAL: devices(1)})
+    async with running_daemon(test_settings(kubelet_dir), [scanner]) as daemon:
+        await asyncio.sleep(0.2)
+        server = daemon.manager.servers[SERIAL] if daemon.manager else None
+        assert server is not None and not server.registered.is_set()
+        async with KubeletSimulator(kubelet_dir) as kubelet:
+            session = await kubelet.wait_for_plugin(SERIAL)
+            assert set(await session.wait_for_update()) == {"dev0"}
+
+
+async def test_kubelet_dir_missing_at_start_is_waited_for(short_dir: Path) -> None:
+    kubelet_dir = short_dir / "later"
+    scanner = StaticScanner({SERIAL: devices(1)})
+    async with running_daemon(test_settings(kubelet_dir), [scanner]):
+        await asyncio.sleep(0.3)
+        async with KubeletSimulator(kubelet_dir) as kubelet:
+            session = await kubelet.wait_for_plugin(SERIAL, timeout=10)
+            assert set(await session.wait_for_update()) == {"dev0"}
+
+
+async def test_a_vanished_resource_sends_an_empty_list_then_its_socket_goes(
+    kubelet: KubeletSimulator, kubelet_dir: Path
+) -> None:
+    scanner = StaticScanner({SERIAL: devices(2), "example.com/stays": devices(1)})
+    async with running_daemon(test_settings(kubelet_dir), [scanner]) as daemon:
+        session = await kubelet.wait_for_plugin(SERIAL)
+        await session.wait_for_update()
+        socket = kubelet_dir / "devplug-example.com_serial.sock"
+        assert socket.exists()
+        scanner.set({"example.com/stays": devices(1)})
+        await daemon.rescan()
+        assert session.latest == {}  # the empty list arrived before the server stopped
+        await asyncio.wait_for(session.stream_ended.wait(), 5)
+        assert not socket.exists()
+        assert (kubelet_dir / "devplug-example.com_stays.sock").exists()
+        with pytest.raises(SimulatorRpcError) as gone:
+            await session.allocate(["dev0"])
+        assert gone.value.code == "UNAVAILABLE"
+        # It comes back when its devices do.
+        scanner.set({SERIAL: devices(1), "example.com/stays": devices(1)})
+        await daemon.rescan()
+        back = await kubelet.wait_for_plugin(SERIAL, replacing=session)
+        assert set(await back.wait_for_update()) == {"dev0"}
+
+
+async def test_stale_socket_is_replaced_but_a_live_one_is_not_stolen(
+    kubelet: KubeletSimulator, kubelet_dir: Path
+) -> None:
+    socket_path = kubelet_dir / "devplug-example.com_serial.sock"
+    # A leftover file from a killed daemon: nobody listens on it.
+    import socket as sockets
+
+    stale = sockets.socket(sockets.AF_UNIX, sockets.SOCK_STREAM)
+    stale.bind(str(socket_path))
+    stale.close()
+    scanner = StaticScanner({SERIAL: devices(1)})
+    async with running_daemon(test_settings(kubelet_dir), [scanner]):
+        session = await kubelet.wait_for_plugin(SERIAL)
+        assert set(await session.wait_for_update()) == {"dev0"}
+        # A second daemon on the same dir must not take over the live socket.
+        second = StaticScanner({SERIAL: devices(5)})
+        async with running_daemon(test_settings(kubelet_dir), [second]) as other:
+            await asyncio.sleep(0.3)
+            assert other.manager is not None
+            assert not other.manager.servers[SERIAL].registered.is_set()
+            (answer,) = await session.allocate(["dev0"])
+            assert [n.host_path for n in answer.nodes] == ["/dev/ttyX0"]
+        assert socket_path.exists()
+
+
+async def test_shutdown_removes_own_sockets_only(kubelet: KubeletSimulator, kubelet_dir: Path) -> None:
+    scanner = StaticScanner({SERIAL: devices(1)})
+    async with running_daemon(test_settings(kubelet_dir), [scanner]):
+        session = await kubelet.wait_for_plugin(SERIAL)
+        await session.wait_for_update()
+    assert sorted(p.name for p in kubelet_dir.iterdir()) == ["kubelet.sock", "kubelet_internal_checkpoint"]

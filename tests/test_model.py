@@ -1,0 +1,80 @@
+from __future__ import annotations
+
+import pytest
+
+from devplug.errors import InvalidNameError
+from devplug.model import DeviceInfo, DeviceNode, DeviceTree, DeviceTreeBuilder, Health, Mount
+
+
+def test_device_node_defaults_and_normalises() -> None:
+    node = DeviceNode("/dev//dri/card0")
+    assert node.host_path == "/dev/dri/card0"
+    assert node.container_path == "/dev/dri/card0"
+    assert node.permissions == "rw"
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"host_path": "dev/x"},
+        {"host_path": "/dev/../etc/shadow"},
+        {"host_path": "/dev/x\0"},
+        {"host_path": "/dev/x", "container_path": "rel"},
+        {"host_path": "/dev/x", "permissions": "rwx"},
+        {"host_path": "/dev/x", "permissions": ""},
+    ],
+)
+def test_device_node_refuses_unsafe_values(kwargs: dict[str, str]) -> None:
+    with pytest.raises(ValueError):  # noqa: PT011 - the message varies by rule
+        DeviceNode(**kwargs)
+
+
+def test_mount_is_read_only_by_default() -> None:
+    assert Mount("/usr/lib/x").read_only
+
+
+def test_device_info_is_frozen_and_compares_by_value() -> None:
+    a = DeviceInfo(env={"A": "1"}, numa_nodes=(1, 0, 1))
+    b = DeviceInfo(env={"A": "1"}, numa_nodes=(0, 1))
+    assert a == b
+    assert a.numa_nodes == (0, 1)
+    with pytest.raises(AttributeError):
+        a.health = Health.UNHEALTHY  # type: ignore[misc]
+    with pytest.raises(TypeError):
+        a.env["B"] = "2"  # type: ignore[index]
+    assert DeviceInfo(health="Unhealthy").health is Health.UNHEALTHY  # type: ignore[arg-type]
+
+
+def test_device_info_refuses_bad_values() -> None:
+    with pytest.raises(ValueError, match="numa"):
+        DeviceInfo(numa_nodes=(-1,))
+    with pytest.raises(ValueError, match="env"):
+        DeviceInfo(env={"A=B": "1"})
+
+
+def test_tree_validates_names_and_drops_empty_resources() -> None:
+    tree = DeviceTree({"example.com/a": {"d0": DeviceInfo()}, "example.com/b": {}})
+    assert list(tree) == ["example.com/a"]
+    with pytest.raises(InvalidNameError):
+        DeviceTree({"no-slash": {"d0": DeviceInfo()}})
+    with pytest.raises(InvalidNameError):
+        DeviceTree({"example.com/a": {"../d0": DeviceInfo()}})
+
+
+def test_tree_equality_and_merge() -> None:
+    a = DeviceTree({"example.com/a": {"d0": DeviceInfo()}})
+    assert a == DeviceTree({"example.com/a": {"d0": DeviceInfo()}})
+    assert a != DeviceTree({"example.com/a": {"d0": DeviceInfo(health=Health.UNHEALTHY)}})
+    b = DeviceTree({"example.com/b": {"d1": DeviceInfo()}})
+    assert set(a.merged(b)) == {"example.com/a", "example.com/b"}
+    with pytest.raises(ValueError, match="twice"):
+        a.merged(a)
+
+
+def test_builder_refuses_duplicate_ids() -> None:
+    builder = DeviceTreeBuilder()
+    builder.add("example.com/a", "d0", DeviceInfo())
+    assert ("example.com/a", "d0") in builder
+    with pytest.raises(ValueError, match="duplicate"):
+        builder.add("example.com/a", "d0", DeviceInfo())
+    assert builder.build().device_count() == 1

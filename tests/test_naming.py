@@ -1,0 +1,85 @@
+from __future__ import annotations
+
+import pytest
+
+from devplug.errors import InvalidNameError
+from devplug.naming import (
+    MAX_DEVICE_ID,
+    device_id_problem,
+    natural_key,
+    resource_name_problem,
+    sanitize_device_id,
+    socket_file_name,
+    validate_resource_name,
+)
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["example.com/serial", "gpu.intel.com/i915", "a/b", "vfio.devplug.io/8086_1572", "x.io/A-b_c.1"],
+)
+def test_resource_names_the_kubelet_accepts(name: str) -> None:
+    assert resource_name_problem(name) is None
+    assert validate_resource_name(name) == name
+
+
+@pytest.mark.parametrize(
+    ("name", "rule"),
+    [
+        ("serial", "contains a '/'"),
+        ("kubernetes.io/gpu", "kubernetes.io namespace"),
+        ("foo.kubernetes.io/gpu", "kubernetes.io namespace"),
+        ("requests.example.com/gpu", "requests."),
+        ("example.com/a/b", "exactly one '/'"),
+        ("Example.com/gpu", "DNS-1123 subdomain"),
+        ("-example.com/gpu", "DNS-1123 subdomain"),
+        ("example.com/", "part after '/'"),
+        ("example.com/-gpu", "part after '/'"),
+        ("example.com/gpu!", "part after '/'"),
+        ("example.com/" + "g" * 64, "part after '/'"),
+        ("e" * 245 + ".io/gpu", "DNS-1123 subdomain"),
+    ],
+)
+def test_resource_names_the_kubelet_refuses(name: str, rule: str) -> None:
+    problem = resource_name_problem(name)
+    assert problem is not None and rule in problem
+    with pytest.raises(InvalidNameError, match="invalid resource name"):
+        validate_resource_name(name)
+
+
+@pytest.mark.parametrize("device_id", ["card0", "0000:00:02.0", "a", "x-1", "A.b_c:d-9"])
+def test_valid_device_ids(device_id: str) -> None:
+    assert device_id_problem(device_id) is None
+
+
+@pytest.mark.parametrize("device_id", ["", "-a", "a-", "a/b", "../x", "a\0b", "a b", "x" * 64, "é"])
+def test_invalid_device_ids(device_id: str) -> None:
+    assert device_id_problem(device_id) is not None
+
+
+@pytest.mark.parametrize(
+    ("raw", "expected"),
+    [("ttyUSB0", "ttyUSB0"), ("dri/card0", "dri_card0"), ("/a b/", "a_b"), ("pci-0000:00:02.0", "pci-0000:00:02.0")],
+)
+def test_sanitize_device_id(raw: str, expected: str) -> None:
+    assert sanitize_device_id(raw) == expected
+
+
+def test_sanitize_device_id_hashes_what_cannot_be_kept() -> None:
+    long_a, long_b = "a" * 100, "a" * 99 + "b"
+    ids = {sanitize_device_id(long_a), sanitize_device_id(long_b), sanitize_device_id("///"), sanitize_device_id("")}
+    assert len(ids) == 4
+    for device_id in ids:
+        assert device_id_problem(device_id) is None
+        assert len(device_id) <= MAX_DEVICE_ID
+    assert len(sanitize_device_id("x" * 40, max_length=30)) <= 30
+
+
+def test_socket_file_name_is_one_safe_component() -> None:
+    assert socket_file_name("example.com/serial") == "devplug-example.com_serial.sock"
+    with pytest.raises(InvalidNameError):
+        socket_file_name("../../etc/x")
+
+
+def test_natural_key_orders_numbers_numerically() -> None:
+    assert sorted(["gpu10", "gpu2", "gpu1"], key=natural_key) == ["gpu1", "gpu2", "gpu10"]
