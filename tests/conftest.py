@@ -1,8 +1,9 @@
-"""Shared fixtures: short socket dirs, a kubelet simulator, leak checks."""
+"""Shared fixtures: short socket dirs, a kubelet simulator, mock hardware, leak checks."""
 
 from __future__ import annotations
 
 import asyncio
+import os
 import shutil
 import tempfile
 from collections.abc import AsyncIterator, Iterator
@@ -11,6 +12,19 @@ from pathlib import Path
 import pytest
 
 from devplug.testing.simulator import KubeletSimulator
+from devplug.testing.umockdev import UmockdevHost, preload_active
+
+RUN_TESTS = "umockdev-wrapper .venv/bin/python -m pytest"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """udev tests need umockdev's preload in this process; refuse to run (not skip) without it."""
+    if not preload_active() and not os.environ.get("DEVPLUG_TESTS_WITHOUT_UMOCKDEV"):
+        raise pytest.UsageError(
+            "the tests run real pyudev code against mock hardware and need umockdev's preload: "
+            f"install the Debian package 'umockdev' and run `{RUN_TESTS}` "
+            "(or set DEVPLUG_TESTS_WITHOUT_UMOCKDEV=1 to skip those tests)"
+        )
 
 
 @pytest.fixture
@@ -34,6 +48,14 @@ def kubelet_dir(short_dir: Path) -> Path:
 async def kubelet(kubelet_dir: Path) -> AsyncIterator[KubeletSimulator]:
     async with KubeletSimulator(kubelet_dir) as simulator:
         yield simulator
+
+
+@pytest.fixture
+def host(short_dir: Path) -> Iterator[UmockdevHost]:
+    """An empty umockdev testbed, active in this process for the test's duration."""
+    testbed = UmockdevHost(short_dir / "testbed")
+    with testbed.activated():
+        yield testbed
 
 
 @pytest.fixture(autouse=True)

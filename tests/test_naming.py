@@ -16,7 +16,13 @@ from devplug.naming import (
 
 @pytest.mark.parametrize(
     "name",
-    ["example.com/serial", "gpu.intel.com/i915", "a/b", "vfio.devplug.io/8086_1572", "x.io/A-b_c.1"],
+    [
+        "example.com/serial",
+        "gpu.intel.com/i915",
+        "a/b",
+        "vfio.devplug.io/8086_1572",
+        "x.io/A-b_c.1",
+    ],
 )
 def test_resource_names_the_kubelet_accepts(name: str) -> None:
     assert resource_name_problem(name) is None
@@ -59,7 +65,12 @@ def test_invalid_device_ids(device_id: str) -> None:
 
 @pytest.mark.parametrize(
     ("raw", "expected"),
-    [("ttyUSB0", "ttyUSB0"), ("dri/card0", "dri_card0"), ("/a b/", "a_b"), ("pci-0000:00:02.0", "pci-0000:00:02.0")],
+    [
+        ("ttyUSB0", "ttyUSB0"),
+        ("dri/card0", "dri_card0"),
+        ("/a b/", "a_b"),
+        ("pci-0000:00:02.0", "pci-0000:00:02.0"),
+    ],
 )
 def test_sanitize_device_id(raw: str, expected: str) -> None:
     assert sanitize_device_id(raw) == expected
@@ -67,7 +78,12 @@ def test_sanitize_device_id(raw: str, expected: str) -> None:
 
 def test_sanitize_device_id_hashes_what_cannot_be_kept() -> None:
     long_a, long_b = "a" * 100, "a" * 99 + "b"
-    ids = {sanitize_device_id(long_a), sanitize_device_id(long_b), sanitize_device_id("///"), sanitize_device_id("")}
+    ids = {
+        sanitize_device_id(long_a),
+        sanitize_device_id(long_b),
+        sanitize_device_id("///"),
+        sanitize_device_id(""),
+    }
     assert len(ids) == 4
     for device_id in ids:
         assert device_id_problem(device_id) is None

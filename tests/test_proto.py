@@ -44,7 +44,13 @@ def _drop_json_names(messages: Iterable[descriptor_pb2.DescriptorProto]) -> None
 
 
 def test_generated_grpc_module_serves_every_rpc() -> None:
-    for name in ("GetDevicePluginOptions", "ListAndWatch", "GetPreferredAllocation", "Allocate", "PreStartContainer"):
+    for name in (
+        "GetDevicePluginOptions",
+        "ListAndWatch",
+        "GetPreferredAllocation",
+        "Allocate",
+        "PreStartContainer",
+    ):
         assert hasattr(pb_grpc.DevicePluginServicer, name)
     assert hasattr(pb_grpc.RegistrationServicer, "Register")
 
@@ -53,7 +59,12 @@ def _fields(message: str) -> dict[str, tuple[int, int, bool, str]]:
     """name -> (number, type, repeated, message type) of a message's fields."""
     descriptor = pb.DESCRIPTOR.message_types_by_name[message]
     return {
-        f.name: (f.number, f.type, f.is_repeated, f.message_type.full_name if f.message_type else "")
+        f.name: (
+            f.number,
+            f.type,
+            f.is_repeated,
+            f.message_type.full_name if f.message_type else "",
+        )
         for f in descriptor.fields
     }
 
@@ -61,7 +72,13 @@ def _fields(message: str) -> dict[str, tuple[int, int, bool, str]]:
 def test_wire_facts_of_the_kubelet_api() -> None:
     """Names, numbers and types the kubelet's api.proto defines (k8s.io/kubelet v1beta1)."""
     f = descriptor_pb2.FieldDescriptorProto
-    string, boolean, int32, int64, message = f.TYPE_STRING, f.TYPE_BOOL, f.TYPE_INT32, f.TYPE_INT64, f.TYPE_MESSAGE
+    string, boolean, int32, int64, message = (
+        f.TYPE_STRING,
+        f.TYPE_BOOL,
+        f.TYPE_INT32,
+        f.TYPE_INT64,
+        f.TYPE_MESSAGE,
+    )
     one, many = False, True
     assert pb.DESCRIPTOR.package == "v1beta1"
     assert _fields("RegisterRequest") == {

@@ -32,11 +32,20 @@ def _common_options() -> argparse.ArgumentParser:
         action="append",
         default=[],
         metavar="NAME",
-        help=f"add a built-in scanner with its defaults; repeatable ({', '.join(sorted(BUILTIN_SCANNERS))})",
+        help="add a built-in scanner with its defaults; repeatable "
+        f"({', '.join(sorted(BUILTIN_SCANNERS))})",
     )
-    group.add_argument("--kubelet-dir", type=Path, help="device plugin dir (default /var/lib/kubelet/device-plugins)")
+    group.add_argument(
+        "--kubelet-dir",
+        type=Path,
+        help="device plugin dir (default /var/lib/kubelet/device-plugins)",
+    )
     group.add_argument("--cdi-dir", type=Path, help="CDI spec dir (default /var/run/cdi)")
-    group.add_argument("--log-format", choices=["json", "console"], help="default: console on a terminal, json otherwise")
+    group.add_argument(
+        "--log-format",
+        choices=["json", "console"],
+        help="default: console on a terminal, json otherwise",
+    )
     group.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
     return common
 
@@ -46,8 +55,12 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     common = _common_options()
     run = sub.add_parser("run", parents=[common], help="serve devices to the kubelet")
-    run.add_argument("--dry-run", action="store_true", help="print the device tree and exit (as 'scan')")
-    run.add_argument("--output", choices=["table", "json", "yaml"], default="table", help="with --dry-run")
+    run.add_argument(
+        "--dry-run", action="store_true", help="print the device tree and exit (as 'scan')"
+    )
+    run.add_argument(
+        "--output", choices=["table", "json", "yaml"], default="table", help="with --dry-run"
+    )
     scan = sub.add_parser("scan", parents=[common], help="print the device tree and exit (dry run)")
     scan.add_argument("--output", "-o", choices=["table", "json", "yaml"], default="table")
     sub.add_parser("version", help="print the version")

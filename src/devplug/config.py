@@ -67,7 +67,9 @@ def _join(location: Sequence[int | str]) -> str:
     return out
 
 
-def config_error(exc: ValidationError, prefix: str = "", model: type[BaseModel] | None = None) -> ConfigError:
+def config_error(
+    exc: ValidationError, prefix: str = "", model: type[BaseModel] | None = None
+) -> ConfigError:
     """Turn pydantic's first error into a ConfigError with a dotted field path and a hint."""
     first = exc.errors(include_url=False)[0]
     location = list(first["loc"])
@@ -89,11 +91,11 @@ def config_error(exc: ValidationError, prefix: str = "", model: type[BaseModel] 
 
 def _known_keys(model: type[BaseModel], location: Sequence[int | str]) -> list[str]:
     """Field names of the (possibly nested) model at ``location``."""
-    current: Any = model
+    current = model
     for part in location:
         if isinstance(part, int):
             continue
-        field = current.model_fields.get(part) if isinstance(current, type) else None
+        field = current.model_fields.get(part)
         if field is None:
             return []
         annotation = field.annotation
@@ -103,7 +105,7 @@ def _known_keys(model: type[BaseModel], location: Sequence[int | str]) -> list[s
         if not nested:
             return []
         current = nested[0]
-    return sorted(current.model_fields) if isinstance(current, type) else []
+    return sorted(current.model_fields)
 
 
 def read_config_file(path: Path) -> dict[str, Any]:

@@ -16,7 +16,11 @@ def device_dict(device_id: str, info: DeviceInfo) -> dict[str, Any]:
         "id": device_id,
         "health": str(info.health),
         "device_nodes": [
-            {"host_path": n.host_path, "container_path": n.container_path, "permissions": n.permissions}
+            {
+                "host_path": n.host_path,
+                "container_path": n.container_path,
+                "permissions": n.permissions,
+            }
             for n in info.nodes
         ],
         "mounts": [
@@ -66,7 +70,9 @@ def render_table(tree: DeviceTree) -> str:
         return "no devices found\n"
     widths = [max(len(row[i]) for row in rows) for i in range(4)]
     lines = [
-        "  ".join(cell.ljust(width) for cell, width in zip(row[:4], widths, strict=True)) + "  " + row[4]
+        "  ".join(cell.ljust(width) for cell, width in zip(row[:4], widths, strict=True))
+        + "  "
+        + row[4]
         for row in rows
     ]
     return "\n".join(line.rstrip() for line in lines) + "\n"

@@ -10,7 +10,9 @@ def tree(**resources: dict[str, DeviceInfo]) -> DeviceTree:
 
 def test_diff_reports_added_removed_changed() -> None:
     old = tree(a={"0": DeviceInfo()}, b={"0": DeviceInfo()}, c={"0": DeviceInfo()})
-    new = tree(a={"0": DeviceInfo()}, b={"0": DeviceInfo(health=Health.UNHEALTHY)}, d={"0": DeviceInfo()})
+    new = tree(
+        a={"0": DeviceInfo()}, b={"0": DeviceInfo(health=Health.UNHEALTHY)}, d={"0": DeviceInfo()}
+    )
     assert diff(old, new) == TreeDiff(
         added=frozenset({"example.com/d"}),
         removed=frozenset({"example.com/c"}),

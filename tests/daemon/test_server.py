@@ -12,13 +12,15 @@ import pytest
 
 from devplug.errors import AllocationError
 from devplug.model import ContainerAllocation, DeviceInfo, DeviceNode, Health
-from devplug.testing.harness import StaticScanner, running_daemon, test_settings
+from devplug.testing.harness import StaticScanner, daemon_settings, running_daemon
 from devplug.testing.simulator import KubeletSimulator, SimulatorRpcError
 
 SERIAL = "example.com/serial"
 
 
-def devices(count: int, health: Health = Health.HEALTHY, numa: int | None = None) -> dict[str, DeviceInfo]:
+def devices(
+    count: int, health: Health = Health.HEALTHY, numa: int | None = None
+) -> dict[str, DeviceInfo]:
     return {
         f"dev{i}": DeviceInfo(
             health=health,
@@ -30,9 +32,11 @@ def devices(count: int, health: Health = Health.HEALTHY, numa: int | None = None
     }
 
 
-async def test_registers_and_sends_the_first_list(kubelet: KubeletSimulator, kubelet_dir: Path) -> None:
+async def test_registers_and_sends_the_first_list(
+    kubelet: KubeletSimulator, kubelet_dir: Path
+) -> None:
     scanner = StaticScanner({SERIAL: devices(3)})
-    async with running_daemon(test_settings(kubelet_dir), [scanner]):
+    async with running_daemon(daemon_settings(kubelet_dir), [scanner]):
         session = await kubelet.wait_for_plugin(SERIAL)
         listed = await session.wait_for_update()
         assert set(listed) == {"dev0", "dev1", "dev2"}
@@ -50,7 +54,7 @@ async def test_updates_reach_the_stream_and_topology_is_sent(
     kubelet: KubeletSimulator, kubelet_dir: Path
 ) -> None:
     scanner = StaticScanner({SERIAL: devices(2, numa=1)})
-    async with running_daemon(test_settings(kubelet_dir), [scanner]) as daemon:
+    async with running_daemon(daemon_settings(kubelet_dir), [scanner]) as daemon:
         session = await kubelet.wait_for_plugin(SERIAL)
         first = await session.wait_for_update()
         assert first["dev0"].numa_nodes == (1,)
@@ -63,10 +67,12 @@ async def test_updates_reach_the_stream_and_topology_is_sent(
         assert session.healthy_ids() == {"dev0", "dev2"}
 
 
-async def test_allocate_good_unknown_and_unhealthy_ids(kubelet: KubeletSimulator, kubelet_dir: Path) -> None:
+async def test_allocate_good_unknown_and_unhealthy_ids(
+    kubelet: KubeletSimulator, kubelet_dir: Path
+) -> None:
     tree = devices(3)
     tree["dev2"] = DeviceInfo(health=Health.UNHEALTHY, nodes=(DeviceNode("/dev/ttyX2"),))
-    async with running_daemon(test_settings(kubelet_dir), [StaticScanner({SERIAL: tree})]):
+    async with running_daemon(daemon_settings(kubelet_dir), [StaticScanner({SERIAL: tree})]):
         session = await kubelet.wait_for_plugin(SERIAL)
         await session.wait_for_update()
         (first, second) = await session.allocate(["dev0"], ["dev1"])
@@ -84,9 +90,14 @@ async def test_allocate_good_unknown_and_unhealthy_ids(kubelet: KubeletSimulator
         assert [n.host_path for n in again.nodes] == ["/dev/ttyX1"]
 
 
-async def test_preferred_allocation_honours_must_include(kubelet: KubeletSimulator, kubelet_dir: Path) -> None:
-    tree = {**{f"a{i}": DeviceInfo(numa_nodes=(0,)) for i in range(4)}, **{f"b{i}": DeviceInfo(numa_nodes=(1,)) for i in range(4)}}
-    async with running_daemon(test_settings(kubelet_dir), [StaticScanner({SERIAL: tree})]):
+async def test_preferred_allocation_honours_must_include(
+    kubelet: KubeletSimulator, kubelet_dir: Path
+) -> None:
+    tree = {
+        **{f"a{i}": DeviceInfo(numa_nodes=(0,)) for i in range(4)},
+        **{f"b{i}": DeviceInfo(numa_nodes=(1,)) for i in range(4)},
+    }
+    async with running_daemon(daemon_settings(kubelet_dir), [StaticScanner({SERIAL: tree})]):
         session = await kubelet.wait_for_plugin(SERIAL)
         await session.wait_for_update()
         got = await session.preferred(sorted(tree), 3, must_include=["b2"])
@@ -110,10 +121,15 @@ class HookedScanner(StaticScanner):
         return [ContainerAllocation(env={"CUSTOM": ",".join(ids)}) for ids in requests]
 
     async def post_allocate(
-        self, resource: str, requests: Sequence[Sequence[str]], answers: Sequence[ContainerAllocation]
+        self,
+        resource: str,
+        requests: Sequence[Sequence[str]],
+        answers: Sequence[ContainerAllocation],
     ) -> Sequence[ContainerAllocation]:
         return [
-            ContainerAllocation(env={**a.env, "POST": "1"}, nodes=a.nodes, cdi_devices=("example.com/serial=x",))
+            ContainerAllocation(
+                env={**a.env, "POST": "1"}, nodes=a.nodes, cdi_devices=("example.com/serial=x",)
+            )
             for a in answers
         ]
 
@@ -133,9 +149,11 @@ class HookedScanner(StaticScanner):
         self.prestarted.append(list(device_ids))
 
 
-async def test_hooks_replace_and_adjust_the_defaults(kubelet: KubeletSimulator, kubelet_dir: Path) -> None:
+async def test_hooks_replace_and_adjust_the_defaults(
+    kubelet: KubeletSimulator, kubelet_dir: Path
+) -> None:
     scanner = HookedScanner()
-    async with running_daemon(test_settings(kubelet_dir), [scanner]):
+    async with running_daemon(daemon_settings(kubelet_dir), [scanner]):
         session = await kubelet.wait_for_plugin(SERIAL)
         await session.wait_for_update()
         assert session.options.pre_start_required
@@ -146,7 +164,10 @@ async def test_hooks_replace_and_adjust_the_defaults(kubelet: KubeletSimulator, 
         assert dict(default.env) == {"SERIAL": "3", "POST": "1"}
         assert [n.host_path for n in default.nodes] == ["/dev/ttyX3"]
         # The hook's pick is kept within what was offered, must-include first.
-        assert await session.preferred(["dev0", "dev1", "dev2"], 2, must_include=["dev0"]) == ["dev0", "dev2"]
+        assert await session.preferred(["dev0", "dev1", "dev2"], 2, must_include=["dev0"]) == [
+            "dev0",
+            "dev2",
+        ]
         await session.pre_start(["dev1"])
         assert scanner.prestarted == [["dev1"]]
         with pytest.raises(SimulatorRpcError, match="dev0 failed its reset"):
@@ -156,9 +177,11 @@ async def test_hooks_replace_and_adjust_the_defaults(kubelet: KubeletSimulator, 
         assert unknown.value.code == "NOT_FOUND"
 
 
-async def test_twenty_kubelet_restarts_in_a_row(kubelet: KubeletSimulator, kubelet_dir: Path) -> None:
+async def test_twenty_kubelet_restarts_in_a_row(
+    kubelet: KubeletSimulator, kubelet_dir: Path
+) -> None:
     scanner = StaticScanner({SERIAL: devices(2), "example.com/other": devices(1)})
-    async with running_daemon(test_settings(kubelet_dir), [scanner]):
+    async with running_daemon(daemon_settings(kubelet_dir), [scanner]):
         await kubelet.wait_for_plugin(SERIAL)
         for _ in range(20):
             await kubelet.restart()
@@ -173,7 +196,7 @@ async def test_twenty_kubelet_restarts_in_a_row(kubelet: KubeletSimulator, kubel
 
 async def test_kubelet_missing_at_start_is_waited_for(kubelet_dir: Path) -> None:
     scanner = StaticScanner({SERIAL: devices(1)})
-    async with running_daemon(test_settings(kubelet_dir), [scanner]) as daemon:
+    async with running_daemon(daemon_settings(kubelet_dir), [scanner]) as daemon:
         await asyncio.sleep(0.2)
         server = daemon.manager.servers[SERIAL] if daemon.manager else None
         assert server is not None and not server.registered.is_set()
@@ -185,7 +208,7 @@ async def test_kubelet_missing_at_start_is_waited_for(kubelet_dir: Path) -> None
 async def test_kubelet_dir_missing_at_start_is_waited_for(short_dir: Path) -> None:
     kubelet_dir = short_dir / "later"
     scanner = StaticScanner({SERIAL: devices(1)})
-    async with running_daemon(test_settings(kubelet_dir), [scanner]):
+    async with running_daemon(daemon_settings(kubelet_dir), [scanner]):
         await asyncio.sleep(0.3)
         async with KubeletSimulator(kubelet_dir) as kubelet:
             session = await kubelet.wait_for_plugin(SERIAL, timeout=10)
@@ -196,7 +219,7 @@ async def test_a_vanished_resource_sends_an_empty_list_then_its_socket_goes(
     kubelet: KubeletSimulator, kubelet_dir: Path
 ) -> None:
     scanner = StaticScanner({SERIAL: devices(2), "example.com/stays": devices(1)})
-    async with running_daemon(test_settings(kubelet_dir), [scanner]) as daemon:
+    async with running_daemon(daemon_settings(kubelet_dir), [scanner]) as daemon:
         session = await kubelet.wait_for_plugin(SERIAL)
         await session.wait_for_update()
         socket = kubelet_dir / "devplug-example.com_serial.sock"
@@ -228,12 +251,12 @@ async def test_stale_socket_is_replaced_but_a_live_one_is_not_stolen(
     stale.bind(str(socket_path))
     stale.close()
     scanner = StaticScanner({SERIAL: devices(1)})
-    async with running_daemon(test_settings(kubelet_dir), [scanner]):
+    async with running_daemon(daemon_settings(kubelet_dir), [scanner]):
         session = await kubelet.wait_for_plugin(SERIAL)
         assert set(await session.wait_for_update()) == {"dev0"}
         # A second daemon on the same dir must not take over the live socket.
         second = StaticScanner({SERIAL: devices(5)})
-        async with running_daemon(test_settings(kubelet_dir), [second]) as other:
+        async with running_daemon(daemon_settings(kubelet_dir), [second]) as other:
             await asyncio.sleep(0.3)
             assert other.manager is not None
             assert not other.manager.servers[SERIAL].registered.is_set()
@@ -242,9 +265,14 @@ async def test_stale_socket_is_replaced_but_a_live_one_is_not_stolen(
         assert socket_path.exists()
 
 
-async def test_shutdown_removes_own_sockets_only(kubelet: KubeletSimulator, kubelet_dir: Path) -> None:
+async def test_shutdown_removes_own_sockets_only(
+    kubelet: KubeletSimulator, kubelet_dir: Path
+) -> None:
     scanner = StaticScanner({SERIAL: devices(1)})
-    async with running_daemon(test_settings(kubelet_dir), [scanner]):
+    async with running_daemon(daemon_settings(kubelet_dir), [scanner]):
         session = await kubelet.wait_for_plugin(SERIAL)
         await session.wait_for_update()
-    assert sorted(p.name for p in kubelet_dir.iterdir()) == ["kubelet.sock", "kubelet_internal_checkpoint"]
+    assert sorted(p.name for p in kubelet_dir.iterdir()) == [
+        "kubelet.sock",
+        "kubelet_internal_checkpoint",
+    ]

@@ -64,7 +64,9 @@ def _merge_maps(maps: Iterable[Mapping[str, str]]) -> dict[str, str]:
     return {key: ",".join(vals) for key, vals in values.items()}
 
 
-def default_allocation(ids: Sequence[str], devices: Mapping[str, DeviceInfo]) -> ContainerAllocation:
+def default_allocation(
+    ids: Sequence[str], devices: Mapping[str, DeviceInfo]
+) -> ContainerAllocation:
     """The answer for one container: the union of its devices' nodes, mounts, env, annotations.
 
     Nodes and mounts are deduplicated by container path (first one wins), so shares of one

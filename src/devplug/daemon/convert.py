@@ -47,9 +47,7 @@ def container_allocation(message: pb.ContainerAllocateResponse) -> ContainerAllo
     """The reverse of :func:`container_response`, for clients such as the kubelet simulator."""
     return ContainerAllocation(
         env=dict(message.envs),
-        mounts=tuple(
-            Mount(m.host_path, m.container_path, m.read_only) for m in message.mounts
-        ),
+        mounts=tuple(Mount(m.host_path, m.container_path, m.read_only) for m in message.mounts),
         nodes=tuple(
             DeviceNode(d.host_path, d.container_path, d.permissions) for d in message.devices
         ),

@@ -17,7 +17,7 @@ import structlog
 
 from devplug.daemon.kubelet import KubeletDirWatcher
 from devplug.daemon.notifier import diff
-from devplug.daemon.server import ResourceServer, ServerTiming
+from devplug.daemon.server import DEFAULT_TIMING, ResourceServer, ServerTiming
 from devplug.model import DeviceTree
 
 log = structlog.get_logger("devplug.manager")
@@ -35,7 +35,7 @@ class Manager:
         kubelet_dir: Path,
         watcher: KubeletDirWatcher,
         task_group: asyncio.TaskGroup,
-        timing: ServerTiming = ServerTiming(),
+        timing: ServerTiming = DEFAULT_TIMING,
     ) -> None:
         self.kubelet_dir = kubelet_dir
         self.watcher = watcher

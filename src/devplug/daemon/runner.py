@@ -20,7 +20,7 @@ from devplug.config import Settings
 from devplug.daemon.kubelet import KubeletDirWatcher
 from devplug.daemon.manager import Manager
 from devplug.daemon.scanning import ScanRunner
-from devplug.daemon.server import ServerTiming
+from devplug.daemon.server import DEFAULT_TIMING, ServerTiming
 from devplug.scanners.base import Scanner
 
 log = structlog.get_logger("devplug.daemon")
@@ -31,7 +31,7 @@ class Daemon:
         self,
         settings: Settings,
         scanners: Sequence[Scanner],
-        timing: ServerTiming = ServerTiming(),
+        timing: ServerTiming = DEFAULT_TIMING,
     ) -> None:
         self.settings = settings
         self.scan_runner = ScanRunner(scanners)

@@ -44,7 +44,9 @@ class ScanRunner:
             try:
                 tree = scanner.scan(source)
             except Exception:
-                log.exception("scan.failed", scanner=scanner.name, kept_previous=index in self._last)
+                log.exception(
+                    "scan.failed", scanner=scanner.name, kept_previous=index in self._last
+                )
                 tree = self._last.get(index, DeviceTree())
             else:
                 self._last[index] = tree

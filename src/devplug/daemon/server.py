@@ -51,6 +51,9 @@ class ServerTiming:
     in_use_probe_s: float = 1.0
 
 
+DEFAULT_TIMING = ServerTiming()
+
+
 def socket_path_for(kubelet_dir: Path, resource: str) -> Path:
     """The socket path for ``resource``: readable if it fits a unix socket, else hashed."""
     for name in (socket_file_name(resource), short_socket_file_name(resource)):
@@ -96,7 +99,7 @@ class ResourceServer:
         *,
         kubelet_dir: Path,
         watcher: KubeletDirWatcher,
-        timing: ServerTiming = ServerTiming(),
+        timing: ServerTiming = DEFAULT_TIMING,
     ) -> None:
         self.resource = resource
         self.kubelet_dir = kubelet_dir
@@ -236,9 +239,8 @@ class ResourceServer:
         """Send an empty list (capacity drops at once), let streams drain; then run() may stop."""
         self.devices.set({})
         self.devices.close()
-        deadline = time.monotonic() + self.timing.drain_timeout_s
-        while self.servicer.active_streams and time.monotonic() < deadline:
-            await asyncio.sleep(0.01)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.servicer.idle.wait(), self.timing.drain_timeout_s)
 
     async def _stop_grpc(self) -> None:
         server, self._grpc = self._grpc, None

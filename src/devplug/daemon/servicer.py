@@ -8,6 +8,7 @@ server keeps serving.
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 from collections.abc import AsyncIterator, Awaitable, Mapping, Sequence
 from typing import TypeVar
@@ -52,12 +53,16 @@ def plugin_options(hooks: object | None) -> pb.DevicePluginOptions:
 
 
 class DevicePluginServicer(pb_grpc.DevicePluginServicer):
-    def __init__(self, resource: str, devices: LatestValue[DeviceMap], hooks: object | None) -> None:
+    def __init__(
+        self, resource: str, devices: LatestValue[DeviceMap], hooks: object | None
+    ) -> None:
         self.resource = resource
         self.devices = devices
         self.hooks = hooks
         self.options = plugin_options(hooks)
         self.active_streams = 0
+        self.idle = asyncio.Event()  # set while no ListAndWatch stream is open
+        self.idle.set()
         self._log = log.bind(resource=resource)
 
     async def GetDevicePluginOptions(
@@ -71,6 +76,7 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
         context: grpc.aio.ServicerContext[pb.Empty, pb.ListAndWatchResponse],
     ) -> AsyncIterator[pb.ListAndWatchResponse]:
         self.active_streams += 1
+        self.idle.clear()
         self._log.info("listandwatch.opened", streams=self.active_streams)
         try:
             async for devices in self.devices.as_changed():
@@ -78,6 +84,8 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
                 self._log.debug("listandwatch.sent", devices=len(devices))
         finally:
             self.active_streams -= 1
+            if not self.active_streams:
+                self.idle.set()
             self._log.info("listandwatch.closed", streams=self.active_streams)
 
     async def Allocate(
@@ -120,7 +128,9 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
     async def GetPreferredAllocation(
         self,
         request: pb.PreferredAllocationRequest,
-        context: grpc.aio.ServicerContext[pb.PreferredAllocationRequest, pb.PreferredAllocationResponse],
+        context: grpc.aio.ServicerContext[
+            pb.PreferredAllocationRequest, pb.PreferredAllocationResponse
+        ],
     ) -> pb.PreferredAllocationResponse:
         devices = self.devices.value
         responses = []
@@ -155,7 +165,9 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
     async def PreStartContainer(
         self,
         request: pb.PreStartContainerRequest,
-        context: grpc.aio.ServicerContext[pb.PreStartContainerRequest, pb.PreStartContainerResponse],
+        context: grpc.aio.ServicerContext[
+            pb.PreStartContainerRequest, pb.PreStartContainerResponse
+        ],
     ) -> pb.PreStartContainerResponse:
         ids = list(request.devices_ids)
         try:

@@ -41,11 +41,7 @@ class Allocator(Protocol):
         resource: str,
         requests: Sequence[Sequence[str]],
         devices: Mapping[str, DeviceInfo],
-    ) -> (
-        Sequence[ContainerAllocation]
-        | None
-        | Awaitable[Sequence[ContainerAllocation] | None]
-    ): ...
+    ) -> Sequence[ContainerAllocation] | Awaitable[Sequence[ContainerAllocation] | None] | None: ...
 
 
 @runtime_checkable
@@ -88,4 +84,4 @@ class ContainerPreStarter(Protocol):
 
     def pre_start_container(
         self, resource: str, device_ids: Sequence[str]
-    ) -> None | Awaitable[None]: ...
+    ) -> Awaitable[None] | None: ...

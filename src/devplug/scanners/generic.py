@@ -37,7 +37,9 @@ class GenericMatch(StrictModel):
     @classmethod
     def _under_dev(cls, value: str | None) -> str | None:
         if value is not None and not value.startswith("/dev/"):
-            raise ValueError(f"must be a glob of paths under /dev/, e.g. /dev/ttyUSB*; got {value!r}")
+            raise ValueError(
+                f"must be a glob of paths under /dev/, e.g. /dev/ttyUSB*; got {value!r}"
+            )
         return value
 
     @field_validator("attributes")
@@ -119,7 +121,9 @@ class GenericScanner:
             self._scan_entry(source, entry, builder)
         return builder.build()
 
-    def _scan_entry(self, source: UdevSource, entry: GenericEntry, builder: DeviceTreeBuilder) -> None:
+    def _scan_entry(
+        self, source: UdevSource, entry: GenericEntry, builder: DeviceTreeBuilder
+    ) -> None:
         suffix = len(str(entry.shares - 1)) + 1 if entry.shares > 1 else 0
         # Exact-match properties are pushed down to libudev; globs are checked here.
         exact = {k: v for k, v in entry.match.properties.items() if not any(c in v for c in "*?[")}
@@ -154,4 +158,3 @@ class GenericScanner:
             if value:
                 return sanitize_device_id(value, max_length)
         return sanitize_device_id(node.removeprefix("/dev/"), max_length)
-

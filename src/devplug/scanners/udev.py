@@ -118,7 +118,9 @@ class UdevDevice:
             return None
         return base
 
-    def parent(self, subsystem: str | None = None, device_type: str | None = None) -> UdevDevice | None:
+    def parent(
+        self, subsystem: str | None = None, device_type: str | None = None
+    ) -> UdevDevice | None:
         """The nearest ancestor (of ``subsystem``/``device_type`` when given), or None."""
         try:
             if subsystem is None:

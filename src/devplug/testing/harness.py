@@ -48,7 +48,9 @@ class StaticScanner:
         return self.tree
 
 
-def test_settings(kubelet_dir: Path, cdi_dir: Path | None = None, **overrides: object) -> Settings:
+def daemon_settings(
+    kubelet_dir: Path, cdi_dir: Path | None = None, **overrides: object
+) -> Settings:
     """Settings for an in-test daemon: no periodic rescans unless the test asks for them."""
     values: dict[str, object] = {
         "kubelet_dir": kubelet_dir,
@@ -57,9 +59,6 @@ def test_settings(kubelet_dir: Path, cdi_dir: Path | None = None, **overrides: o
     }
     values.update(overrides)
     return Settings.model_validate(values)
-
-
-test_settings.__test__ = False  # type: ignore[attr-defined]  # not a pytest test
 
 
 @contextlib.asynccontextmanager

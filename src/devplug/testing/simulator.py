@@ -88,7 +88,9 @@ async def _call(call: Callable[[], Awaitable[T]]) -> T:
 class PluginSession:
     """One registered plugin as the kubelet sees it: a channel, options and the lists it sent."""
 
-    def __init__(self, resource: str, endpoint: Path, options: PluginOptions, generation: int) -> None:
+    def __init__(
+        self, resource: str, endpoint: Path, options: PluginOptions, generation: int
+    ) -> None:
         self.resource = resource
         self.endpoint = endpoint
         self.options = options
@@ -203,7 +205,7 @@ class PluginSession:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
-        await self._channel.close()
+        await self._channel.close(None)
 
 
 class _Registration(pb_grpc.RegistrationServicer):
@@ -345,7 +347,9 @@ class KubeletSimulator:
         except BaseException:
             await probe.close()
             raise
-        probe.options = PluginOptions(got.pre_start_required, got.get_preferred_allocation_available)
+        probe.options = PluginOptions(
+            got.pre_start_required, got.get_preferred_allocation_available
+        )
         return probe
 
     async def wait_for_plugin(

@@ -1,0 +1,34 @@
+"""Test tools for devplug and for plugin authors.
+
+- :class:`KubeletSimulator`: a kubelet stand-in over real unix sockets (Registration with the
+  kubelet's checks, dial-back, ListAndWatch recording, Allocate/GetPreferredAllocation/
+  PreStartContainer helpers, ``restart()``).
+- :func:`running_daemon`, :class:`StaticScanner`, :func:`daemon_settings`: run the real daemon
+  inside a test.
+- :mod:`devplug.testing.umockdev`: mock hardware for real pyudev code (``UmockdevHost`` and
+  presets such as ``add_usb_serial``, ``add_intel_gpu``); tests using it run under
+  ``umockdev-wrapper``.
+"""
+
+from devplug.testing.harness import FAST_TIMING, StaticScanner, daemon_settings, running_daemon
+from devplug.testing.simulator import (
+    KubeletSimulator,
+    ListedDevice,
+    PluginOptions,
+    PluginSession,
+    Registration,
+    SimulatorRpcError,
+)
+
+__all__ = [
+    "FAST_TIMING",
+    "KubeletSimulator",
+    "ListedDevice",
+    "PluginOptions",
+    "PluginSession",
+    "Registration",
+    "SimulatorRpcError",
+    "StaticScanner",
+    "daemon_settings",
+    "running_daemon",
+]

@@ -1,0 +1,175 @@
+"""Settings: precedence, and every bad input named with its field and a fix."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from devplug.config import load_settings
+from devplug.errors import ConfigError
+from devplug.scanners.generic import GenericScanner
+from devplug.scanners.registry import build_scanners
+
+GENERIC_OK = "  generic:\n    - resource: example.com/serial\n      match: {subsystem: tty}\n"
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "config.yaml"
+    path.write_text(text)
+    return path
+
+
+def devplug(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "devplug", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+        check=False,
+    )
+
+
+def test_precedence_defaults_file_env_flags(tmp_path: Path) -> None:
+    config = write(tmp_path, "kubelet_dir: /from/file\ncdi_dir: /cdi/file\nlog_level: debug\n")
+    env = {"DEVPLUG_KUBELET_DIR": "/from/env", "DEVPLUG_LOG_LEVEL": "warning"}
+    settings = load_settings(config, {"kubelet_dir": Path("/from/flag")}, [], env)
+    assert settings.kubelet_dir == Path("/from/flag")
+    assert settings.log_level == "warning"
+    assert settings.cdi_dir == Path("/cdi/file")
+    defaults = load_settings(None, {}, [], {})
+    assert defaults.kubelet_dir == Path("/var/lib/kubelet/device-plugins")
+    assert defaults.cdi_dir == Path("/var/run/cdi")
+
+
+def test_scanner_flag_and_env_add_builtins_with_defaults(tmp_path: Path) -> None:
+    settings = load_settings(None, {}, ["generic"], {})
+    assert settings.scanners == {"generic": None}
+    (scanner,) = build_scanners(settings.scanners)
+    assert isinstance(scanner, GenericScanner) and scanner.entries == ()
+    from_env = load_settings(None, {}, [], {"DEVPLUG_SCANNER": "generic"})
+    assert list(from_env.scanners) == ["generic"]
+    # A scanner configured in the file keeps its settings when also named by flag.
+    config = write(tmp_path, "scanners:\n" + GENERIC_OK)
+    kept = load_settings(config, {}, ["generic"], {})
+    assert isinstance(kept.scanners["generic"], list)
+
+
+@pytest.mark.parametrize(
+    ("yaml_text", "field", "hint"),
+    [
+        ("kubelet_dri: /x\n", "kubelet_dri", "did you mean 'kubelet_dir'"),
+        ("kubelet_dir: relative/dir\n", "kubelet_dir", "absolute path"),
+        ("log_level: loud\n", "log_level", "'debug', 'info', 'warning' or 'error'"),
+        ("hotplug: {poll_s: 0}\n", "hotplug.poll_s", "greater than 0"),
+        ("hotplug: {pol_s: 1}\n", "hotplug.pol_s", "valid keys here: poll_s"),
+        ("- a\n- b\n", "--config", "mapping at the top level"),
+        ("kubelet_dir: [\n", "--config", "not valid YAML"),
+    ],
+)
+def test_bad_top_level_settings(tmp_path: Path, yaml_text: str, field: str, hint: str) -> None:
+    with pytest.raises(ConfigError) as exc:
+        load_settings(write(tmp_path, yaml_text), {}, [], {})
+    assert exc.value.field == field
+    assert hint in str(exc.value)
+
+
+@pytest.mark.parametrize(
+    ("entry", "field", "hint"),
+    [
+        (
+            "    - resource: serial\n      match: {subsystem: tty}\n",
+            "scanners.generic[0].resource",
+            "contains a '/'",
+        ),
+        (
+            "    - resource: kubernetes.io/x\n      match: {subsystem: tty}\n",
+            "scanners.generic[0].resource",
+            "reserved",
+        ),
+        ("    - resource: example.com/s\n", "scanners.generic[0].match", "is required"),
+        (
+            "    - resource: example.com/s\n      match: {}\n",
+            "scanners.generic[0].match",
+            "'subsystem' or 'devnode'",
+        ),
+        (
+            "    - resource: example.com/s\n      match: {devnode: ttyUSB*}\n",
+            "scanners.generic[0].match.devnode",
+            "under /dev/",
+        ),
+        (
+            "    - resource: example.com/s\n      match: {subsystem: tty, propertys: {}}\n",
+            "scanners.generic[0].match.propertys",
+            "did you mean 'properties'",
+        ),
+        (
+            "    - resource: example.com/s\n      match: {subsystem: tty}\n      shares: 0\n",
+            "scanners.generic[0].shares",
+            "greater than or equal to 1",
+        ),
+        (
+            "    - resource: example.com/s\n      match: {subsystem: tty}\n"
+            "      permissions: rwx\n",
+            "scanners.generic[0].permissions",
+            "should match pattern",
+        ),
+        (
+            "    - resource: example.com/s\n      match: {subsystem: tty, attributes: {../x: y}}\n",
+            "scanners.generic[0].match.attributes",
+            "plain sysfs file names",
+        ),
+        (
+            "    - resource: example.com/s\n      match: {subsystem: tty}\n"
+            "    - resource: example.com/s\n      match: {subsystem: usb}\n",
+            "scanners.generic[1].resource",
+            "configured twice",
+        ),
+        ("    resource: example.com/s\n", "scanners.generic", "must be a list"),
+    ],
+)
+def test_bad_generic_entries(tmp_path: Path, entry: str, field: str, hint: str) -> None:
+    settings = load_settings(write(tmp_path, "scanners:\n  generic:\n" + entry), {}, [], {})
+    with pytest.raises(ConfigError) as exc:
+        build_scanners(settings.scanners)
+    assert exc.value.field == field
+    assert hint in str(exc.value)
+
+
+def test_cli_config_errors_exit_2_before_serving(tmp_path: Path, short_dir: Path) -> None:
+    kubelet_dir = short_dir / "kubelet"
+    unknown = devplug("run", "--scanner", "gpu", "--kubelet-dir", str(kubelet_dir))
+    assert unknown.returncode == 2
+    assert "scanners.gpu: unknown scanner; known scanners: generic" in unknown.stderr
+    assert not kubelet_dir.exists()  # nothing was created or served
+    bad = write(
+        tmp_path, "scanners:\n  generic:\n    - resource: Serial\n      match: {subsystem: tty}\n"
+    )
+    refused = devplug("run", "--config", str(bad))
+    assert refused.returncode == 2
+    assert "scanners.generic[0].resource" in refused.stderr and "contains a '/'" in refused.stderr
+    missing = devplug("scan", "--config", str(tmp_path / "nope.yaml"))
+    assert missing.returncode == 2 and "file not found" in missing.stderr
+    nothing = devplug("run")
+    assert nothing.returncode == 2 and "no scanner configured" in nothing.stderr
+    assert unknown.stdout == refused.stdout == ""
+
+
+def test_cli_refuses_a_kubelet_dir_too_long_for_sockets(tmp_path: Path) -> None:
+    result = devplug("run", "--scanner", "generic", "--kubelet-dir", "/" + "d" * 100)
+    assert result.returncode == 2
+    assert "kubelet_dir" in result.stderr and "107-byte unix socket limit" in result.stderr
+
+
+def test_cli_reads_config_path_and_flags_from_environment(tmp_path: Path) -> None:
+    config = write(tmp_path, "scanners:\n" + GENERIC_OK + "kubelet_dir: relative\n")
+    import os
+
+    env = {**os.environ, "DEVPLUG_CONFIG": str(config)}
+    assert "kubelet_dir" in devplug("scan", env=env).stderr
+    env["DEVPLUG_KUBELET_DIR"] = "/abs/dir"
+    result = devplug("scan", "--output", "json", env=env)
+    assert result.returncode == 0, result.stderr
