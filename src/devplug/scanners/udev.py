@@ -68,7 +68,9 @@ class UdevDevice:
 
     @property
     def devlinks(self) -> tuple[str, ...]:
-        return tuple(str(p) for p in self._device.device_links if is_device_node_path(str(p)))
+        """Symlinks to the node, from the DEVLINKS property (udev's database, or the event)."""
+        links = self.properties.get("DEVLINKS", "").split()
+        return tuple(p for p in links if is_device_node_path(p))
 
     @property
     def properties(self) -> Mapping[str, str]:

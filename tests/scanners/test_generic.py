@@ -1,0 +1,143 @@
+"""The generic scanner through real pyudev against umockdev hosts."""
+
+from __future__ import annotations
+
+import os
+
+from devplug.model import DeviceNode, Health
+from devplug.scanners.generic import GenericScanner
+from devplug.scanners.udev import UdevSource
+from devplug.testing.umockdev import UmockdevHost, add_intel_gpu, add_pci_device, add_usb_serial
+
+
+def scanner(*entries: dict[str, object]) -> GenericScanner:
+    return GenericScanner.from_config(list(entries))
+
+
+def test_subsystem_and_devnode_glob_select_nodes(host: UmockdevHost) -> None:
+    for index in range(3):
+        add_usb_serial(host, index=index)
+    add_intel_gpu(host, "0000:00:02.0", card=0, render=128)
+    tree = scanner(
+        {
+            "resource": "example.com/serial",
+            "match": {"subsystem": "tty", "devnode": "/dev/ttyUSB[01]"},
+        }
+    ).scan(UdevSource())
+    devices = tree["example.com/serial"]
+    assert sorted(devices) == ["ttyUSB0", "ttyUSB1"]
+    info = devices["ttyUSB1"]
+    assert info.nodes == (DeviceNode("/dev/ttyUSB1", "/dev/ttyUSB1", "rw"),)
+    assert info.health is Health.HEALTHY
+    assert info.sources[0].endswith("/tty/ttyUSB1")
+
+
+def test_properties_and_attributes_narrow_the_match(host: UmockdevHost) -> None:
+    add_usb_serial(host, index=0, vendor_id="0403")
+    add_usb_serial(host, index=1, vendor_id="10c4", model_id="ea60")
+    add_intel_gpu(host, "0000:00:02.0", card=0, render=128, device_id="0x56a0")
+    add_intel_gpu(host, "0000:00:03.0", card=1, render=129, device_id="0x56a1")
+    ftdi = scanner(
+        {
+            "resource": "example.com/ftdi",
+            "match": {"subsystem": "tty", "properties": {"ID_VENDOR_ID": "0403"}},
+        }
+    ).scan(UdevSource())
+    assert list(ftdi["example.com/ftdi"]) == ["ttyUSB0"]
+    globbed = scanner(
+        {
+            "resource": "example.com/usb",
+            "match": {"subsystem": "tty", "properties": {"ID_MODEL_ID": "ea*"}},
+        }
+    ).scan(UdevSource())
+    assert list(globbed["example.com/usb"]) == ["ttyUSB1"]
+    # Attributes are the matched device's own: the dev attribute of a drm minor is "226:<minor>".
+    render = scanner(
+        {
+            "resource": "example.com/render",
+            "match": {
+                "subsystem": "drm",
+                "devnode": "/dev/dri/renderD*",
+                "attributes": {"dev": "226:129"},
+            },
+        }
+    ).scan(UdevSource())
+    assert list(render["example.com/render"]) == ["dri_renderD129"]
+    none = scanner(
+        {
+            "resource": "example.com/none",
+            "match": {"subsystem": "tty", "properties": {"ID_VENDOR_ID": "ffff"}},
+        }
+    ).scan(UdevSource())
+    assert "example.com/none" not in none
+
+
+def test_shares_give_each_device_several_ids(host: UmockdevHost) -> None:
+    add_usb_serial(host, index=0)
+    tree = scanner(
+        {
+            "resource": "example.com/serial",
+            "match": {"subsystem": "tty"},
+            "shares": 3,
+            "permissions": "r",
+        }
+    ).scan(UdevSource())
+    devices = tree["example.com/serial"]
+    assert sorted(devices) == ["ttyUSB0-0", "ttyUSB0-1", "ttyUSB0-2"]
+    assert {d.nodes[0].permissions for d in devices.values()} == {"r"}
+
+
+def test_id_property_gives_stable_ids(host: UmockdevHost) -> None:
+    add_usb_serial(host, index=4, serial="A50285BI")
+    add_usb_serial(host, index=5)  # no serial: falls back to the node name
+    tree = scanner(
+        {
+            "resource": "example.com/serial",
+            "match": {"subsystem": "tty"},
+            "id_property": "ID_SERIAL_SHORT",
+        }
+    ).scan(UdevSource())
+    assert sorted(tree["example.com/serial"]) == ["A50285BI", "ttyUSB5"]
+
+
+def test_numa_node_comes_from_the_pci_parent(host: UmockdevHost) -> None:
+    add_intel_gpu(host, "0000:00:02.0", card=0, render=128, numa_node=1)
+    add_intel_gpu(host, "0000:00:03.0", card=1, render=129, numa_node=-1)
+    tree = scanner(
+        {"resource": "example.com/render", "match": {"devnode": "/dev/dri/renderD*"}}
+    ).scan(UdevSource())
+    devices = tree["example.com/render"]
+    assert devices["dri_renderD128"].numa_nodes == (1,)
+    assert devices["dri_renderD129"].numa_nodes == ()
+
+
+def test_a_device_whose_node_is_missing_is_not_advertised(host: UmockdevHost) -> None:
+    add_usb_serial(host, index=0)
+    add_usb_serial(host, index=1)
+    os.unlink(host.root / "dev" / "ttyUSB1")  # udev knows it; the node is not there (yet)
+    tree = scanner({"resource": "example.com/serial", "match": {"subsystem": "tty"}}).scan(
+        UdevSource()
+    )
+    assert list(tree["example.com/serial"]) == ["ttyUSB0"]
+
+
+def test_a_devnode_that_is_not_a_clean_dev_path_is_ignored(host: UmockdevHost) -> None:
+    add_usb_serial(host, index=0)
+    add_pci_device(host, "0000:00:05.0", vendor="0x1234", device="0x0001", driver=None)
+    # A DEVNAME with ".." that resolves to a real node must still not become a path we hand out.
+    host.add_device(
+        "/sys/devices/pci0000:00/0000:00:05.0/tty/evil",
+        "tty",
+        properties={"DEVNAME": "/dev/../dev/ttyUSB0", "MAJOR": "188", "MINOR": "0"},
+    )
+    tree = scanner({"resource": "example.com/tty", "match": {"subsystem": "tty"}}).scan(
+        UdevSource()
+    )
+    assert list(tree["example.com/tty"]) == ["ttyUSB0"]
+
+
+def test_an_empty_host_gives_an_empty_tree(host: UmockdevHost) -> None:
+    tree = scanner({"resource": "example.com/serial", "match": {"subsystem": "tty"}}).scan(
+        UdevSource()
+    )
+    assert len(tree) == 0
