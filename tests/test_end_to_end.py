@@ -12,7 +12,6 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -115,9 +114,7 @@ def test_scan_table_and_yaml_and_dry_run(host: UmockdevHost, short_dir: Path) ->
 
 
 @pytest.fixture
-async def generic_daemon_parts(
-    host: UmockdevHost, kubelet_dir: Path
-) -> AsyncIterator[GenericScanner]:
+async def serial_scanner(host: UmockdevHost, kubelet_dir: Path) -> AsyncIterator[GenericScanner]:
     populate(host)
     yield GenericScanner.from_config(
         [
@@ -133,9 +130,9 @@ async def test_hardware_changes_reach_the_kubelet(
     host: UmockdevHost,
     kubelet: KubeletSimulator,
     kubelet_dir: Path,
-    generic_daemon_parts: GenericScanner,
+    serial_scanner: GenericScanner,
 ) -> None:
-    async with running_daemon(daemon_settings(kubelet_dir), [generic_daemon_parts]) as daemon:
+    async with running_daemon(daemon_settings(kubelet_dir), [serial_scanner]) as daemon:
         session = await kubelet.wait_for_plugin("example.com/serial")
         assert set(await session.wait_for_update()) == {"ttyUSB0", "ttyUSB1", "ttyUSB2"}
         (answer,) = await session.allocate(["ttyUSB1"])
