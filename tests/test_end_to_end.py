@@ -114,9 +114,9 @@ def test_scan_table_and_yaml_and_dry_run(host: UmockdevHost, short_dir: Path) ->
 
 
 @pytest.fixture
-async def serial_scanner(host: UmockdevHost, kubelet_dir: Path) -> AsyncIterator[GenericScanner]:
+def serial_scanner(host: UmockdevHost) -> GenericScanner:
     populate(host)
-    yield GenericScanner.from_config(
+    return GenericScanner.from_config(
         [
             {
                 "resource": "example.com/serial",
