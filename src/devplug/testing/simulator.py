@@ -227,8 +227,9 @@ class _Registration(pb_grpc.RegistrationServicer):
 class KubeletSimulator:
     """Serve Registration in ``directory``; use ``async with KubeletSimulator(dir) as kubelet``."""
 
-    def __init__(self, directory: Path) -> None:
+    def __init__(self, directory: Path, *, dial_timeout: float = DIAL_TIMEOUT_S) -> None:
         self.directory = Path(directory)
+        self.dial_timeout = dial_timeout
         self.socket_path = self.directory / KUBELET_SOCKET
         self.checkpoint_path = self.directory / CHECKPOINT_FILE
         self.registrations: list[Registration] = []
@@ -342,7 +343,7 @@ class KubeletSimulator:
         )
         try:
             got = await probe.stub.GetDevicePluginOptions(
-                pb.Empty(), timeout=DIAL_TIMEOUT_S, wait_for_ready=True
+                pb.Empty(), timeout=self.dial_timeout, wait_for_ready=True
             )
         except BaseException:
             await probe.close()
