@@ -33,6 +33,9 @@ _STATUS = {"not_found": grpc.StatusCode.NOT_FOUND, "invalid": grpc.StatusCode.IN
 
 DeviceMap = Mapping[str, DeviceInfo]
 
+# Bounds the default-answer cache: a node has at most a few thousand distinct id lists in use.
+MAX_CACHED_ANSWERS = 4096
+
 
 async def _resolve(value: T | Awaitable[T]) -> T:
     if inspect.isawaitable(value):
@@ -60,6 +63,14 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
         self.devices = devices
         self.hooks = hooks
         self.options = plugin_options(hooks)
+        # Protocol isinstance checks are slow (microseconds each): resolve the hooks once.
+        self._allocator = hooks if isinstance(hooks, Allocator) else None
+        self._post_allocator = hooks if isinstance(hooks, PostAllocator) else None
+        self._preferred_allocator = hooks if isinstance(hooks, PreferredAllocator) else None
+        self._pre_starter = hooks if isinstance(hooks, ContainerPreStarter) else None
+        # Default answers per id list, valid for one device snapshot (cleared when it changes).
+        self._answers: dict[tuple[str, ...], pb.ContainerAllocateResponse] = {}
+        self._answers_for: DeviceMap | None = None
         self.active_streams = 0
         self.idle = asyncio.Event()  # set while no ListAndWatch stream is open
         self.idle.set()
@@ -96,7 +107,7 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
         requests = [list(c.devices_ids) for c in request.container_requests]
         devices = self.devices.value
         try:
-            answers = await self._allocate(requests, devices)
+            responses = await self._allocate(requests, devices)
         except AllocationError as exc:
             self._log.warning("allocate.refused", reason=str(exc))
             await context.abort(_STATUS.get(exc.kind, grpc.StatusCode.INVALID_ARGUMENT), str(exc))
@@ -106,24 +117,42 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
             await context.abort(grpc.StatusCode.INTERNAL, f"{self.resource}: allocation failed")
             raise
         self._log.info("allocate.complete", devices=requests)
-        return pb.AllocateResponse(container_responses=[container_response(a) for a in answers])
+        return pb.AllocateResponse(container_responses=responses)
 
     async def _allocate(
         self, requests: Sequence[Sequence[str]], devices: DeviceMap
-    ) -> Sequence[ContainerAllocation]:
+    ) -> list[pb.ContainerAllocateResponse]:
         check_request(self.resource, requests, devices)
         answers: Sequence[ContainerAllocation] | None = None
-        if isinstance(self.hooks, Allocator):
-            answers = await _resolve(self.hooks.allocate(self.resource, requests, devices))
+        if self._allocator is not None:
+            answers = await _resolve(self._allocator.allocate(self.resource, requests, devices))
         if answers is None:
+            if self._post_allocator is None:
+                return [self._default_response(ids, devices) for ids in requests]
             answers = [default_allocation(ids, devices) for ids in requests]
-        if isinstance(self.hooks, PostAllocator):
-            answers = await _resolve(self.hooks.post_allocate(self.resource, requests, answers))
+        if self._post_allocator is not None:
+            answers = await _resolve(
+                self._post_allocator.post_allocate(self.resource, requests, answers)
+            )
         if len(answers) != len(requests):
             raise RuntimeError(
                 f"allocation hook returned {len(answers)} answers for {len(requests)} containers"
             )
-        return answers
+        return [container_response(answer) for answer in answers]
+
+    def _default_response(
+        self, ids: Sequence[str], devices: DeviceMap
+    ) -> pb.ContainerAllocateResponse:
+        if devices is not self._answers_for:
+            self._answers.clear()
+            self._answers_for = devices
+        key = tuple(ids)
+        cached = self._answers.get(key)
+        if cached is None:
+            cached = container_response(default_allocation(ids, devices))
+            if len(self._answers) < MAX_CACHED_ANSWERS:
+                self._answers[key] = cached
+        return cached
 
     async def GetPreferredAllocation(
         self,
@@ -145,10 +174,10 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
     async def _preferred(
         self, available: list[str], must_include: list[str], size: int, devices: DeviceMap
     ) -> list[str]:
-        if isinstance(self.hooks, PreferredAllocator):
+        if self._preferred_allocator is not None:
             try:
                 picked = await _resolve(
-                    self.hooks.preferred_allocation(
+                    self._preferred_allocator.preferred_allocation(
                         self.resource, available, must_include, size, devices
                     )
                 )
@@ -172,8 +201,8 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
         ids = list(request.devices_ids)
         try:
             check_request(self.resource, [ids], self.devices.value)
-            if isinstance(self.hooks, ContainerPreStarter):
-                await _resolve(self.hooks.pre_start_container(self.resource, ids))
+            if self._pre_starter is not None:
+                await _resolve(self._pre_starter.pre_start_container(self.resource, ids))
         except AllocationError as exc:
             self._log.warning("prestart.refused", reason=str(exc))
             await context.abort(_STATUS.get(exc.kind, grpc.StatusCode.INVALID_ARGUMENT), str(exc))
