@@ -37,7 +37,9 @@ from devplug._proto import deviceplugin_v1beta1_pb2 as pb
 from devplug.testing import KubeletSimulator
 
 
-async def drive(call: Callable[[], Awaitable[object]], callers: int, per_caller: int) -> list[float]:
+async def drive(
+    call: Callable[[], Awaitable[object]], callers: int, per_caller: int
+) -> list[float]:
     samples: list[float] = []
 
     async def caller() -> None:
@@ -72,8 +74,9 @@ async def main(devices: int, callers: int, per_caller: int, rounds: int) -> None
         await floor.stdout.readline()
         try:
             with host.activated():
-                async with KubeletSimulator(kubelet_dir) as kubelet, daemon_process(
-                    RENDER_CONFIG, kubelet_dir, host
+                async with (
+                    KubeletSimulator(kubelet_dir) as kubelet,
+                    daemon_process(RENDER_CONFIG, kubelet_dir, host),
                 ):
                     session = await kubelet.wait_for_plugin(RENDER_RESOURCE, timeout=120)
                     listed = await session.wait_for_update(timeout=120)
@@ -123,7 +126,9 @@ async def main(devices: int, callers: int, per_caller: int, rounds: int) -> None
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--devices", type=int, default=1000)
     parser.add_argument("--callers", type=int, default=50)
     parser.add_argument("--per-caller", type=int, default=20, help="calls per caller per round")

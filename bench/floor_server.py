@@ -16,7 +16,9 @@ from devplug._proto import deviceplugin_v1beta1_pb2 as pb
 METHOD = "/devplug.bench.Floor/Empty"
 
 
-async def empty(request: pb.Empty, context: grpc.aio.ServicerContext[pb.Empty, pb.Empty]) -> pb.Empty:
+async def empty(
+    request: pb.Empty, context: grpc.aio.ServicerContext[pb.Empty, pb.Empty]
+) -> pb.Empty:
     return pb.Empty()
 
 

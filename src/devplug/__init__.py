@@ -5,8 +5,7 @@ protocols and hooks, and the udev view scanners read. Everything else is interna
 live in :mod:`devplug.testing`.
 """
 
-from importlib import metadata as _metadata
-
+from devplug._version import __version__
 from devplug.errors import AllocationError, ConfigError, DevplugError, InvalidNameError
 from devplug.model import (
     CdiEdits,
@@ -27,8 +26,6 @@ from devplug.scanners.base import (
     Scanner,
 )
 from devplug.scanners.udev import UdevDevice, UdevSource
-
-__version__ = _metadata.version("devplug")
 
 __all__ = [
     "AllocationError",

@@ -73,9 +73,8 @@ class GenericEntry(StrictModel):
 def _matches(device: UdevDevice, node: str, match: GenericMatch) -> bool:
     if match.devnode is not None and not fnmatch.fnmatchcase(node, match.devnode):
         return False
-    props = device.properties
     for key, pattern in match.properties.items():
-        value = props.get(key)
+        value = device.property(key)
         if value is None or not fnmatch.fnmatchcase(value, pattern):
             return False
     for name, pattern in match.attributes.items():
@@ -142,7 +141,7 @@ class GenericScanner:
                     "generic.duplicate_id", resource=entry.resource, device_id=base, node=node
                 )
                 continue
-            numa = device.numa_node()
+            numa = source.numa_node(device)
             info = DeviceInfo(
                 nodes=(DeviceNode(node, node, entry.permissions),),
                 numa_nodes=() if numa is None else (numa,),
@@ -154,7 +153,7 @@ class GenericScanner:
     @staticmethod
     def _base_id(device: UdevDevice, node: str, entry: GenericEntry, max_length: int) -> str:
         if entry.id_property is not None:
-            value = device.properties.get(entry.id_property)
+            value = device.property(entry.id_property)
             if value:
                 return sanitize_device_id(value, max_length)
         return sanitize_device_id(node.removeprefix("/dev/"), max_length)

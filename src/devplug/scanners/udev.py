@@ -54,8 +54,7 @@ class UdevDevice:
     @property
     def driver(self) -> str | None:
         """The bound driver, from the DRIVER property (the sysfs link target is not trusted)."""
-        value = self.properties.get("DRIVER")
-        return value or None
+        return self.property("DRIVER") or None
 
     @property
     def device_node(self) -> str | None:
@@ -69,7 +68,7 @@ class UdevDevice:
     @property
     def devlinks(self) -> tuple[str, ...]:
         """Symlinks to the node, from the DEVLINKS property (udev's database, or the event)."""
-        links = self.properties.get("DEVLINKS", "").split()
+        links = (self.property("DEVLINKS") or "").split()
         return tuple(p for p in links if is_device_node_path(p))
 
     @property
@@ -81,6 +80,16 @@ class UdevDevice:
                 snapshot = {}
             self._properties = MappingProxyType(snapshot)
         return self._properties
+
+    def property(self, key: str) -> str | None:
+        """One udev property, looked up alone (cheaper than the full ``properties`` snapshot)."""
+        if self._properties is not None:
+            return self._properties.get(key)
+        try:
+            value = self._device.properties.get(key)
+        except (OSError, KeyError, pyudev.DeviceNotFoundError):
+            return None
+        return None if value is None else str(value)
 
     def attribute(self, name: str) -> str | None:
         """A sysfs attribute as stripped text, or None if missing, unreadable or oversized."""
@@ -142,13 +151,40 @@ class UdevDevice:
 
     def numa_node(self) -> int | None:
         """The NUMA node of this device or its nearest ancestor that reports one (-1 = none)."""
-        current: UdevDevice | None = self
-        while current is not None:
-            node = current.int_attribute("numa_node", 10)
-            if node is not None:
-                return node if node >= 0 else None
-            current = current.parent()
-        return None
+        return _numa_of_dir(self.sys_path, {})
+
+
+def _numa_of_dir(sys_path: str, cache: dict[str, int | None]) -> int | None:
+    """Walk up from ``sys_path`` to the first dir with a ``numa_node`` file, as the kernel's
+    topology is inherited from the bus device (Intel's plugins do the same walk).
+
+    Reads sysfs paths directly: the PCI function of a drm minor is a few directories up, and
+    asking libudev for each parent costs a device object per level. ``cache`` maps dirs
+    already walked (siblings share their parent) to their answer.
+    """
+    walked: list[str] = []
+    current = os.path.normpath(sys_path)
+    answer: int | None = None
+    while current.startswith("/sys/devices/"):
+        if current in cache:
+            answer = cache[current]
+            break
+        walked.append(current)
+        try:
+            with open(os.path.join(current, "numa_node"), "rb") as handle:
+                raw = handle.read(64)
+        except OSError:
+            current = os.path.dirname(current)
+            continue
+        try:
+            node = int(raw.strip(b"\0 \n"))
+        except ValueError:
+            node = -1
+        answer = node if node >= 0 else None
+        break
+    for path in walked:
+        cache[path] = answer
+    return answer
 
 
 class UdevSource:
@@ -156,6 +192,11 @@ class UdevSource:
 
     def __init__(self) -> None:
         self._context = pyudev.Context()
+        self._numa_cache: dict[str, int | None] = {}
+
+    def numa_node(self, device: UdevDevice) -> int | None:
+        """Like :meth:`UdevDevice.numa_node`, sharing walks between devices of one scan."""
+        return _numa_of_dir(device.sys_path, self._numa_cache)
 
     def devices(
         self, subsystem: str | None = None, properties: Mapping[str, str] | None = None

@@ -75,7 +75,7 @@ class Registration:
     accepted: bool
     error: str | None
     generation: int
-    at: float = field(default_factory=time.monotonic)
+    at: float = field(default_factory=time.perf_counter)  # when the verdict was made
 
 
 async def _call(call: Callable[[], Awaitable[T]]) -> T:
@@ -235,6 +235,7 @@ class KubeletSimulator:
         self.registrations: list[Registration] = []
         self.sessions: dict[str, PluginSession] = {}
         self.generation = 0
+        self.serving_since = 0.0
         self._retired: list[PluginSession] = []
         self._server: grpc.aio.Server | None = None
         self._changed = asyncio.Condition()
@@ -261,6 +262,8 @@ class KubeletSimulator:
         server.add_insecure_port(f"unix://{self.socket_path}")
         await server.start()
         self._server = server
+        # When kubelet.sock came (back): the start of a restart's re-registration clock.
+        self.serving_since = time.perf_counter()
 
     async def stop(self) -> None:
         """Stop serving and drop every plugin connection (kubelet.sock is removed)."""
