@@ -1,6 +1,9 @@
 """A kubelet stand-in for tests: the Registration service plus a device manager's client side.
 
-It behaves like the kubelet where a plugin can tell the difference: it serves Registration on
+It behaves like the kubelet where a plugin can tell the difference (and is stricter where that
+catches plugin bugs early: it refuses an endpoint that is not a socket file in its dir at once,
+where the kubelet would time out dialling it; error texts are its own, the status code, UNKNOWN,
+is the kubelet's): it serves Registration on
 ``kubelet.sock`` in the directory you give it; it refuses a wrong API version, a resource name
 the kubelet would refuse and an endpoint that is not a socket file in its dir; before answering
 Register it dials the plugin back and calls GetDevicePluginOptions (so a plugin that blocks its
@@ -39,6 +42,11 @@ T = TypeVar("T")
 # The kubelet dials a registering plugin with a 10 s timeout.
 DIAL_TIMEOUT_S = 10.0
 DEFAULT_WAIT_S = 10.0
+OPTIONS_TIMEOUT_S = 30.0
+
+
+class _Refused(Exception):
+    """Register is answered with this message as an error."""
 
 
 class SimulatorRpcError(Exception):
@@ -100,8 +108,8 @@ class PluginSession:
         self.stream_error: str | None = None
         self.stream_ended = asyncio.Event()
         self._changed = asyncio.Condition()
-        self._channel = grpc.aio.insecure_channel(f"unix://{endpoint}")
-        self.stub = pb_grpc.DevicePluginStub(self._channel)
+        self.channel = grpc.aio.insecure_channel(f"unix://{endpoint}")
+        self.stub = pb_grpc.DevicePluginStub(self.channel)
         self._task: asyncio.Task[None] | None = None
 
     @property
@@ -201,11 +209,13 @@ class PluginSession:
         await _call(lambda: self.stub.PreStartContainer(request))
 
     async def close(self) -> None:
-        if self._task is not None:
+        """Drop the connection, as the kubelet does when it goes away."""
+        if self._task is not None and not self._task.done():
+            if self.stream_error is None:
+                self.stream_error = "closed by the kubelet simulator"
             self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-        await self._channel.close(None)
+            await asyncio.wait({self._task})  # never swallows a cancellation of our caller
+        await self.channel.close(None)
 
 
 class _Registration(pb_grpc.RegistrationServicer):
@@ -293,9 +303,8 @@ class KubeletSimulator:
         if error is None:
             try:
                 session = await self._connect(request)
-            except (grpc.aio.AioRpcError, TimeoutError) as exc:
-                detail = exc.details() if isinstance(exc, grpc.aio.AioRpcError) else "timed out"
-                error = f"failed to dial device plugin {request.endpoint}: {detail}"
+            except _Refused as exc:
+                error = str(exc)
         async with self._changed:
             self.registrations.append(
                 Registration(
@@ -310,7 +319,9 @@ class KubeletSimulator:
             if session is not None:
                 old = self.sessions.get(request.resource_name)
                 if old is not None:
-                    # A re-registration replaces the previous connection, as in the kubelet.
+                    # A re-registration replaces the previous connection. Older kubelets closed
+                    # it; current ones leave the old stream running until it ends and then mark
+                    # the resource unhealthy, so a plugin must not keep an old stream open.
                     self._retired.append(old)
                     await old.close()
                 self.sessions[request.resource_name] = session
@@ -345,9 +356,17 @@ class KubeletSimulator:
             request.resource_name, endpoint, PluginOptions(False, False), self.generation
         )
         try:
-            got = await probe.stub.GetDevicePluginOptions(
-                pb.Empty(), timeout=self.dial_timeout, wait_for_ready=True
-            )
+            try:
+                await asyncio.wait_for(probe.channel.channel_ready(), self.dial_timeout)
+            except TimeoutError:
+                raise _Refused(
+                    f"failed to dial device plugin {request.endpoint}: context deadline exceeded"
+                ) from None
+            try:
+                # The kubelet sets no deadline here; a generous one keeps a broken test finite.
+                got = await probe.stub.GetDevicePluginOptions(pb.Empty(), timeout=OPTIONS_TIMEOUT_S)
+            except grpc.aio.AioRpcError as exc:
+                raise _Refused(f"failed to get device plugin options: {exc.details()}") from None
         except BaseException:
             await probe.close()
             raise
