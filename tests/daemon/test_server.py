@@ -9,6 +9,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import pytest
+import structlog
 
 from devplug.errors import AllocationError
 from devplug.model import ContainerAllocation, DeviceInfo, DeviceNode, Health
@@ -208,11 +209,15 @@ async def test_kubelet_missing_at_start_is_waited_for(kubelet_dir: Path) -> None
 async def test_kubelet_dir_missing_at_start_is_waited_for(short_dir: Path) -> None:
     kubelet_dir = short_dir / "later"
     scanner = StaticScanner({SERIAL: devices(1)})
-    async with running_daemon(daemon_settings(kubelet_dir), [scanner]):
-        await asyncio.sleep(0.3)
-        async with KubeletSimulator(kubelet_dir) as kubelet:
-            session = await kubelet.wait_for_plugin(SERIAL, timeout=10)
-            assert set(await session.wait_for_update()) == {"dev0"}
+    with structlog.testing.capture_logs() as logs:
+        async with running_daemon(daemon_settings(kubelet_dir), [scanner]):
+            await asyncio.sleep(1.5)  # several back-off and poll periods
+            events = [entry["event"] for entry in logs]
+            assert events.count("kubelet.dir.missing") == 1  # logged once, not per retry
+            assert "server.listen.failed" not in events
+            async with KubeletSimulator(kubelet_dir) as kubelet:
+                session = await kubelet.wait_for_plugin(SERIAL, timeout=10)
+                assert set(await session.wait_for_update()) == {"dev0"}
 
 
 async def test_a_vanished_resource_sends_an_empty_list_then_its_socket_goes(

@@ -132,6 +132,10 @@ class ResourceServer:
                 wait = self.timing.stat_backstop_s
                 if not self._own_socket_ok():
                     self._set_unregistered()
+                    if not self.kubelet_dir.is_dir():
+                        # The watcher logs the missing dir once and wakes us when it is back.
+                        await self._wait(version, wait)
+                        continue
                     try:
                         await self._listen()
                         listen_backoff.reset()
