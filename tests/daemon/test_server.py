@@ -281,3 +281,22 @@ async def test_shutdown_removes_own_sockets_only(
         "kubelet.sock",
         "kubelet_internal_checkpoint",
     ]
+
+
+async def test_a_recreated_kubelet_socket_alone_triggers_re_registration(
+    kubelet: KubeletSimulator, kubelet_dir: Path
+) -> None:
+    """A kubelet that comes back without deleting plugin sockets: only kubelet.sock changes
+    (often with the same inode number), and the plugin must still register again."""
+    scanner = StaticScanner({SERIAL: devices(1)})
+    async with running_daemon(daemon_settings(kubelet_dir), [scanner]):
+        session = await kubelet.wait_for_plugin(SERIAL)
+        await session.wait_for_update()
+        own_socket = kubelet_dir / "devplug-example.com_serial.sock"
+        before = os.stat(own_socket).st_ino
+        for _ in range(3):
+            await kubelet.stop()
+            await kubelet.start()
+            session = await kubelet.wait_for_plugin(SERIAL, replacing=session)
+            assert set(await session.wait_for_update()) == {"dev0"}
+        assert os.stat(own_socket).st_ino == before  # served on, never re-listened
