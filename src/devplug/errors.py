@@ -32,3 +32,10 @@ class AllocationError(DevplugError):
         super().__init__(message)
         self.kind = kind
         self.device_ids = device_ids
+
+
+class ScanCancelled(DevplugError):
+    """The daemon is stopping: the scan in progress gives up at the next device it reads.
+
+    Raised by the device source; scanners should let it propagate.
+    """

@@ -5,16 +5,28 @@ from __future__ import annotations
 import asyncio
 import os
 import stat
+import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import pytest
 import structlog
 
+from devplug.daemon.kubelet import FileIdentity, KubeletDirWatcher
+from devplug.daemon.server import ResourceServer
 from devplug.errors import AllocationError
-from devplug.model import ContainerAllocation, DeviceInfo, DeviceNode, Health
-from devplug.testing.harness import StaticScanner, daemon_settings, running_daemon
+from devplug.model import (
+    ContainerAllocation,
+    DeviceInfo,
+    DeviceNode,
+    DeviceTree,
+    DeviceTreeBuilder,
+    Health,
+)
+from devplug.scanners.udev import UdevSource
+from devplug.testing.harness import FAST_TIMING, StaticScanner, daemon_settings, running_daemon
 from devplug.testing.simulator import KubeletSimulator, SimulatorRpcError
+from devplug.testing.umockdev import UmockdevHost, add_usb_serial
 
 SERIAL = "example.com/serial"
 
@@ -287,16 +299,150 @@ async def test_a_recreated_kubelet_socket_alone_triggers_re_registration(
     kubelet: KubeletSimulator, kubelet_dir: Path
 ) -> None:
     """A kubelet that comes back without deleting plugin sockets: only kubelet.sock changes
-    (often with the same inode number), and the plugin must still register again."""
+    (often with the same inode number), and the plugin must still register again, on a fresh
+    listener (so no stream of the previous registration outlives it)."""
     scanner = StaticScanner({SERIAL: devices(1)})
     async with running_daemon(daemon_settings(kubelet_dir), [scanner]):
         session = await kubelet.wait_for_plugin(SERIAL)
         await session.wait_for_update()
         own_socket = kubelet_dir / "devplug-example.com_serial.sock"
-        before = os.stat(own_socket).st_ino
+        identities = {FileIdentity.of(own_socket)}
         for _ in range(3):
             await kubelet.stop()
             await kubelet.start()
             session = await kubelet.wait_for_plugin(SERIAL, replacing=session)
             assert set(await session.wait_for_update()) == {"dev0"}
-        assert os.stat(own_socket).st_ino == before  # served on, never re-listened
+            identities.add(FileIdentity.of(own_socket))
+        assert len(identities) == 4  # a new listener for every registration
+
+
+async def test_a_foreign_socket_or_file_at_our_path_is_never_deleted(
+    kubelet: KubeletSimulator, kubelet_dir: Path
+) -> None:
+    """grpc deletes a unix socket path on bind and on stop; devplug must not let it hit a path
+    another process owns, neither while trying to listen nor when shutting down."""
+    path = kubelet_dir / "devplug-example.com_serial.sock"
+    accepted: list[int] = []
+
+    async def on_connect(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        accepted.append(1)
+        writer.close()
+
+    foreign = await asyncio.start_unix_server(on_connect, path=str(path))
+    other = kubelet_dir / "devplug-example.com_other.sock"
+    other.write_text("not a socket")
+    scanner = StaticScanner({SERIAL: devices(1), "example.com/other": devices(1)})
+    try:
+        with structlog.testing.capture_logs() as logs:
+            async with running_daemon(daemon_settings(kubelet_dir), [scanner]):
+                await asyncio.sleep(1.0)  # several listen attempts with back-off
+        failures = [
+            e for e in logs if e["event"] == "server.listen.failed" and e["log_level"] == "error"
+        ]
+        assert {e["resource"] for e in failures} == {SERIAL, "example.com/other"}
+        assert len(failures) == 2  # each problem logged once at error level, retries at debug
+        assert other.read_text() == "not a socket"
+        _, writer = await asyncio.open_unix_connection(str(path))  # still the foreign server
+        writer.close()
+        await writer.wait_closed()
+        assert accepted
+        assert not [p for p in kubelet_dir.iterdir() if p.name.startswith(".devplug-tmp-")]
+    finally:
+        foreign.close()
+        await foreign.wait_closed()
+
+
+async def test_cancel_arriving_with_a_dir_change_still_stops_the_server(
+    kubelet: KubeletSimulator, kubelet_dir: Path
+) -> None:
+    """asyncio.wait_for on Python 3.11 can swallow a cancel that lands together with the
+    event it waits for; the server must stop anyway (else retire and SIGTERM hang)."""
+    watcher = KubeletDirWatcher(kubelet_dir)
+    watching = asyncio.create_task(watcher.run())
+    server = ResourceServer(
+        SERIAL, devices(1), None, kubelet_dir=kubelet_dir, watcher=watcher, timing=FAST_TIMING
+    )
+    task = asyncio.create_task(server.run())
+    try:
+        await asyncio.wait_for(server.registered.wait(), 5)
+        for _ in range(3):
+            await asyncio.sleep(0.05)  # the server is parked in its wait again
+        watcher.changes.set(watcher.changes.value + 1)
+        task.cancel()
+        done, _ = await asyncio.wait({task}, timeout=5)
+        assert task in done
+    finally:
+        watching.cancel()
+        await asyncio.wait({watching})
+        if not task.done():
+            task.cancel()
+            await asyncio.wait({task})
+
+
+class SlowScanner:
+    """Reads devices one by one, slowly: a stand-in for a scan of a very large host."""
+
+    name = "slow"
+
+    def __init__(self) -> None:
+        self.seen = 0
+        self.calls = 0
+
+    def scan(self, source: UdevSource) -> DeviceTree:
+        self.calls += 1
+        builder = DeviceTreeBuilder()
+        for device in source.devices("tty"):
+            if self.calls > 1:
+                time.sleep(0.2)
+            self.seen += 1
+            builder.add(SERIAL, device.sys_name, DeviceInfo())
+        return builder.build()
+
+
+async def test_stop_during_a_long_scan_does_not_wait_for_the_whole_scan(
+    host: UmockdevHost, kubelet: KubeletSimulator, kubelet_dir: Path
+) -> None:
+    for index in range(20):
+        add_usb_serial(host, index=index)
+    scanner = SlowScanner()
+    async with running_daemon(daemon_settings(kubelet_dir), [scanner]) as daemon:
+        await kubelet.wait_for_plugin(SERIAL)
+        daemon.request_scan()  # the scan loop starts a ~4 s scan (SIGHUP does the same)
+        await asyncio.sleep(0.5)
+        assert 20 < scanner.seen < 40
+    # running_daemon has stopped the daemon; the scan thread gives up at its next device.
+    seen = scanner.seen
+    await asyncio.sleep(0.5)
+    assert scanner.seen <= seen + 1  # at most the device in hand when the stop came
+    assert scanner.seen < 40  # the second scan did not run to its end
+
+
+class BrokenPreferences(StaticScanner):
+    def __init__(self, answer: object) -> None:
+        super().__init__({SERIAL: devices(3)})
+        self.answer = answer
+
+    def preferred_allocation(
+        self,
+        resource: str,
+        available: Sequence[str],
+        must_include: Sequence[str],
+        size: int,
+        devices: Mapping[str, DeviceInfo],
+    ) -> Sequence[str]:
+        if isinstance(self.answer, Exception):
+            raise self.answer
+        return self.answer  # type: ignore[return-value]
+
+
+@pytest.mark.parametrize("answer", [None, 42, "dev0", RuntimeError("hook bug"), ["dev1"]])
+async def test_a_broken_or_short_preferred_hook_falls_back_to_the_default(
+    kubelet: KubeletSimulator, kubelet_dir: Path, answer: object
+) -> None:
+    async with running_daemon(daemon_settings(kubelet_dir), [BrokenPreferences(answer)]):
+        session = await kubelet.wait_for_plugin(SERIAL)
+        await session.wait_for_update()
+        got = await session.preferred(["dev0", "dev1", "dev2"], 2, must_include=["dev2"])
+        assert got[0] == "dev2" and len(got) == 2 and set(got) <= {"dev0", "dev1", "dev2"}
+        if answer == ["dev1"]:
+            assert got == ["dev2", "dev1"]  # the hook's pick kept, then topped up

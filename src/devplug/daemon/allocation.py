@@ -5,6 +5,7 @@ Kept free of gRPC so hooks, tests and benchmarks can call them directly.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 
 from devplug.errors import AllocationError
@@ -29,7 +30,7 @@ def check_request(
     unhealthy: list[str] = []
     for ids in requests:
         if len(set(ids)) != len(ids):
-            duplicates = sorted({i for i in ids if ids.count(i) > 1})
+            duplicates = sorted(i for i, n in Counter(ids).items() if n > 1)
             raise AllocationError(
                 "invalid",
                 f"{resource}: device ids requested twice for one container: {_id_list(duplicates)}",

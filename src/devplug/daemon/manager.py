@@ -43,6 +43,7 @@ class Manager:
         self._task_group = task_group
         self._running: dict[str, _Running] = {}
         self.tree = DeviceTree()
+        self._closed = False
 
     @property
     def servers(self) -> Mapping[str, ResourceServer]:
@@ -50,6 +51,8 @@ class Manager:
 
     async def apply(self, tree: DeviceTree, hooks: Mapping[str, object]) -> None:
         """Bring the servers in line with ``tree``; ``hooks`` maps resource -> its scanner."""
+        if self._closed:
+            return
         change = diff(self.tree, tree)
         self.tree = tree
         if not change:
@@ -77,13 +80,18 @@ class Manager:
             await asyncio.gather(*(self._retire(name) for name in change.removed))
 
     async def _retire(self, name: str) -> None:
-        running = self._running.pop(name)
+        running = self._running[name]
         log.info("manager.resource.removed", resource=name)
-        await running.server.retire()
-        await _cancel(running.task)
+        try:
+            await running.server.retire()
+        finally:
+            # Even when cancelled mid-drain (SIGTERM), the server must not outlive its entry.
+            self._running.pop(name, None)
+            await _cancel(running.task)
 
     async def shutdown(self) -> None:
-        """Stop every server (their sockets are removed); used on SIGTERM."""
+        """Stop every server (their sockets are removed); used on SIGTERM. Final."""
+        self._closed = True
         running, self._running = self._running, {}
         await asyncio.gather(*(_cancel(r.task) for r in running.values()))
 

@@ -41,9 +41,14 @@ class Daemon:
         self.manager: Manager | None = None
         self.first_scan_done = asyncio.Event()
         self._scan_lock = asyncio.Lock()
+        self._scan_requested = asyncio.Event()
 
     def request_stop(self) -> None:
         self.stop_requested.set()
+
+    def request_scan(self) -> None:
+        """Ask the scan loop to scan now (SIGHUP); returns at once."""
+        self._scan_requested.set()
 
     async def run(self) -> None:
         log.info(
@@ -54,19 +59,19 @@ class Daemon:
         async with asyncio.TaskGroup() as group:
             manager = Manager(self.settings.kubelet_dir, self.watcher, group, self.timing)
             self.manager = manager
-            background = [
-                group.create_task(self.watcher.run(), name="kubelet-watcher"),
-                group.create_task(self._scan_loop(manager), name="scan-loop"),
-            ]
+            watcher = group.create_task(self.watcher.run(), name="kubelet-watcher")
+            scan_loop = group.create_task(self._scan_loop(manager), name="scan-loop")
             await self.stop_requested.wait()
             log.info("daemon.stopping")
-            for task in background:
-                task.cancel()
+            # The scan loop first, so no scan applies a tree while servers shut down.
+            scan_loop.cancel()
+            await asyncio.wait({scan_loop})
+            watcher.cancel()
             await manager.shutdown()
         log.info("daemon.stopped")
 
     async def rescan(self) -> None:
-        """Scan now and apply the result (on demand: SIGHUP, tests)."""
+        """Scan now and apply the result (tests, and the scan loop itself)."""
         if self.manager is None:
             raise RuntimeError("the daemon is not running")
         async with self._scan_lock:
@@ -76,33 +81,26 @@ class Daemon:
     async def _scan_loop(self, manager: Manager) -> None:
         interval = self.settings.hotplug.poll_s
         while True:
+            self._scan_requested.clear()
             await self.rescan()
             if not self.first_scan_done.is_set():
                 self.first_scan_done.set()
                 # The first tree and servers are long-lived: keep them out of GC passes.
                 gc.freeze()
-            await asyncio.sleep(interval)
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(interval):
+                    await self._scan_requested.wait()
 
 
 async def run_until_signalled(daemon: Daemon) -> None:
     """Run the daemon; SIGTERM/SIGINT stop it, SIGHUP rescans."""
     loop = asyncio.get_running_loop()
-    rescans: set[asyncio.Task[None]] = set()
-
-    def on_hangup() -> None:
-        if daemon.manager is not None:
-            task = loop.create_task(daemon.rescan(), name="rescan:SIGHUP")
-            rescans.add(task)
-            task.add_done_callback(rescans.discard)
-
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, daemon.request_stop)
-    loop.add_signal_handler(signal.SIGHUP, on_hangup)
+    loop.add_signal_handler(signal.SIGHUP, daemon.request_scan)
     try:
         await daemon.run()
     finally:
-        for task in rescans:
-            task.cancel()
         for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             with contextlib.suppress(ValueError, RuntimeError):
                 loop.remove_signal_handler(signum)

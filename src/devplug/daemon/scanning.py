@@ -8,12 +8,14 @@ error must not drop a resource's capacity); the failure is logged with its reaso
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import structlog
 
+from devplug.errors import ScanCancelled
 from devplug.model import DeviceTree
 from devplug.scanners.base import Scanner
 from devplug.scanners.udev import UdevSource
@@ -34,15 +36,17 @@ class ScanRunner:
         self.scanners = tuple(scanners)
         self._last: dict[int, DeviceTree] = {}
 
-    def scan_blocking(self) -> ScanResult:
+    def scan_blocking(self, cancelled: threading.Event | None = None) -> ScanResult:
         """Run every scanner once (blocking; call it from a worker thread)."""
         started = time.perf_counter()
-        source = UdevSource()
+        source = UdevSource(cancelled)
         merged = DeviceTree()
         owners: dict[str, Scanner] = {}
         for index, scanner in enumerate(self.scanners):
             try:
                 tree = scanner.scan(source)
+            except ScanCancelled:
+                raise
             except Exception:
                 log.exception(
                     "scan.failed", scanner=scanner.name, kept_previous=index in self._last
@@ -64,7 +68,14 @@ class ScanRunner:
         return ScanResult(merged, owners, time.perf_counter() - started)
 
     async def scan(self) -> ScanResult:
-        result = await asyncio.to_thread(self.scan_blocking)
+        cancelled = threading.Event()
+        try:
+            result = await asyncio.to_thread(self.scan_blocking, cancelled)
+        except asyncio.CancelledError:
+            # The thread cannot be interrupted; tell it to stop at the next device, so that
+            # shutdown (which waits for worker threads) is not held up by a long scan.
+            cancelled.set()
+            raise
         log.debug(
             "scan.complete",
             resources=len(result.tree),

@@ -181,14 +181,30 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
                         self.resource, available, must_include, size, devices
                     )
                 )
+                if picked is None or isinstance(picked, str):
+                    raise TypeError(f"expected a list of device ids, got {picked!r}")
+                # Kept within what the kubelet offered, must-include first, healthy only.
+                allowed = set(available) | set(must_include)
+                chosen = list(
+                    dict.fromkeys(
+                        [
+                            *must_include,
+                            *(
+                                i
+                                for i in picked
+                                if i in allowed and (i not in devices or devices[i].healthy)
+                            ),
+                        ]
+                    )
+                )
             except Exception:
                 # An error here would fail pod admission; the default is a safe answer.
                 self._log.exception("preferred.hook_failed")
             else:
-                # The hook's answer is kept within what the kubelet offered, must-include first.
-                allowed = set(available) | set(must_include)
-                ordered = [*must_include, *(i for i in picked if i in allowed)]
-                return list(dict.fromkeys(ordered))[: max(size, len(set(must_include)))]
+                if len(chosen) >= size:
+                    return chosen[: max(size, len(set(must_include)))]
+                # A short answer is topped up by the default policy.
+                return default_preferred(available, chosen, size, devices)
         return default_preferred(available, must_include, size, devices)
 
     async def PreStartContainer(

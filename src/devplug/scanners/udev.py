@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import os
 import stat
+import threading
 from collections.abc import Iterator, Mapping
 from types import MappingProxyType
 
 import pyudev
 
+from devplug.errors import ScanCancelled
 from devplug.model import is_device_node_path
 
 # Real sysfs attributes are at most a page; anything larger is not an attribute we understand.
@@ -190,9 +192,12 @@ def _numa_of_dir(sys_path: str, cache: dict[str, int | None]) -> int | None:
 class UdevSource:
     """Enumerates devices through libudev. Create one per scan, in the scanning thread."""
 
-    def __init__(self) -> None:
+    def __init__(self, cancelled: threading.Event | None = None) -> None:
         self._context = pyudev.Context()
         self._numa_cache: dict[str, int | None] = {}
+        # Set by the daemon when it stops: a scan in a worker thread cannot be cancelled from
+        # the event loop, so it checks this between devices instead.
+        self._cancelled = cancelled
 
     def numa_node(self, device: UdevDevice) -> int | None:
         """Like :meth:`UdevDevice.numa_node`, sharing walks between devices of one scan."""
@@ -208,6 +213,8 @@ class UdevSource:
         for key, value in (properties or {}).items():
             enumerator = enumerator.match_property(key, value)
         for device in enumerator:
+            if self._cancelled is not None and self._cancelled.is_set():
+                raise ScanCancelled("scan cancelled: the daemon is stopping")
             yield UdevDevice(device)
 
     def device(self, sys_path: str) -> UdevDevice | None:
