@@ -74,6 +74,7 @@ class KubeletDirWatcher:
 
     async def run(self) -> None:
         missing_logged = False
+        failure_logged: str | None = None
         while True:
             if not self.directory.is_dir():
                 if not missing_logged:
@@ -86,14 +87,18 @@ class KubeletDirWatcher:
                 missing_logged = False
             try:
                 await self._watch()
+                failure_logged = None
             except OSError as exc:
-                # inotify limits (ENOSPC, EMFILE) must not stop the daemon: poll instead.
-                log.error(
-                    "kubelet.watch.failed",
-                    dir=str(self.directory),
-                    error=exc.strerror,
-                    fallback=f"polling every {DIR_POLL_S}s",
-                )
+                # inotify limits (ENOSPC, EMFILE) must not stop the daemon: poll instead, and
+                # say so once rather than on every retry.
+                if exc.strerror != failure_logged:
+                    log.error(
+                        "kubelet.watch.failed",
+                        dir=str(self.directory),
+                        error=exc.strerror,
+                        fallback=f"stat checks every {DIR_POLL_S}s until a watch can be set",
+                    )
+                    failure_logged = exc.strerror
                 self.watching.clear()
                 await asyncio.sleep(DIR_POLL_S)
                 self._bump()

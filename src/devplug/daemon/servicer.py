@@ -35,12 +35,21 @@ DeviceMap = Mapping[str, DeviceInfo]
 
 # Bounds the default-answer cache: a node has at most a few thousand distinct id lists in use.
 MAX_CACHED_ANSWERS = 4096
+MAX_LOGGED_IDS = 32
 
 
 async def _resolve(value: T | Awaitable[T]) -> T:
     if inspect.isawaitable(value):
         return await value
     return value
+
+
+def _loggable(requests: Sequence[Sequence[str]]) -> object:
+    """The requested ids for a log line, summarised when a request is unusually large."""
+    total = sum(len(ids) for ids in requests)
+    if total <= MAX_LOGGED_IDS:
+        return requests
+    return f"{total} ids in {len(requests)} containers"
 
 
 def plugin_options(hooks: object | None) -> pb.DevicePluginOptions:
@@ -71,6 +80,8 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
         # Default answers per id list, valid for one device snapshot (cleared when it changes).
         self._answers: dict[tuple[str, ...], pb.ContainerAllocateResponse] = {}
         self._answers_for: DeviceMap | None = None
+        # The ListAndWatch message of the current snapshot, shared by every open stream.
+        self._listed: tuple[DeviceMap, pb.ListAndWatchResponse] | None = None
         self.active_streams = 0
         self.idle = asyncio.Event()  # set while no ListAndWatch stream is open
         self.idle.set()
@@ -91,13 +102,18 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
         self._log.info("listandwatch.opened", streams=self.active_streams)
         try:
             async for devices in self.devices.as_changed():
-                yield list_message(devices)
+                yield self._list_message(devices)
                 self._log.debug("listandwatch.sent", devices=len(devices))
         finally:
             self.active_streams -= 1
             if not self.active_streams:
                 self.idle.set()
             self._log.info("listandwatch.closed", streams=self.active_streams)
+
+    def _list_message(self, devices: DeviceMap) -> pb.ListAndWatchResponse:
+        if self._listed is None or self._listed[0] is not devices:
+            self._listed = (devices, list_message(devices))
+        return self._listed[1]
 
     async def Allocate(
         self,
@@ -116,7 +132,7 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
             self._log.exception("allocate.failed")
             await context.abort(grpc.StatusCode.INTERNAL, f"{self.resource}: allocation failed")
             raise
-        self._log.info("allocate.complete", devices=requests)
+        self._log.info("allocate.complete", devices=_loggable(requests))
         return pb.AllocateResponse(container_responses=responses)
 
     async def _allocate(

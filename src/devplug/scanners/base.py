@@ -5,7 +5,10 @@ A scanner is a plain synchronous object: ``scan(source)`` reads devices through 
 The daemon runs it in a worker thread, so it may block on sysfs reads but must not touch the
 event loop. Hooks mirror Intel's device plugin framework; each is a separate Protocol so a
 scanner implements only what it needs, and the server discovers them with ``isinstance``.
-Hook methods run on the event loop and may be plain functions or coroutines.
+Hook methods run on the event loop and may be plain functions or coroutines: a plain function
+must be quick (no file or device I/O), since every RPC of the daemon waits while it runs; do
+slow work in a coroutine with ``asyncio.to_thread``. Scanners should let
+:class:`~devplug.errors.ScanCancelled` (raised by the source when the daemon stops) propagate.
 """
 
 from __future__ import annotations
