@@ -5,7 +5,7 @@ callers on one channel (as the kubelet has one connection per plugin), each Allo
 one random device. The floor is an empty grpc.aio unary RPC served by another process on a unix
 socket, driven by the same client. Rounds alternate floor / Allocate to spread machine noise.
 
-    umockdev-wrapper .venv/bin/python bench/allocate.py [--devices 1000] [--callers 50]
+    umockdev-wrapper .venv/bin/python -m bench.allocate [--devices 1000] [--callers 50]
 """
 
 from __future__ import annotations
@@ -17,7 +17,6 @@ import random
 import sys
 import time
 from collections.abc import Awaitable, Callable
-from pathlib import Path
 
 import grpc
 
@@ -134,5 +133,4 @@ if __name__ == "__main__":
     parser.add_argument("--per-caller", type=int, default=20, help="calls per caller per round")
     parser.add_argument("--rounds", type=int, default=10)
     args = parser.parse_args()
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
     asyncio.run(main(args.devices, args.callers, args.per_caller, args.rounds))

@@ -2,7 +2,7 @@
 
 Benchmarks print figures and compare against a floor measured in the same run; they assert
 nothing about speed. Run them under umockdev's preload, e.g.
-``umockdev-wrapper .venv/bin/python bench/allocate.py``.
+``umockdev-wrapper .venv/bin/python -m bench.allocate``.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ scanners:
 
 def require_preload() -> None:
     if not preload_active():
-        sys.exit("run benchmarks under umockdev: umockdev-wrapper .venv/bin/python bench/<name>.py")
+        sys.exit("run benchmarks under umockdev: umockdev-wrapper .venv/bin/python -m bench.<name>")
 
 
 @contextlib.contextmanager

@@ -97,6 +97,11 @@ def test_bad_top_level_settings(tmp_path: Path, yaml_text: str, field: str, hint
             "'subsystem' or 'devnode'",
         ),
         (
+            "    - resource: example.com/s\n      match: {subsystem: ../../etc}\n",
+            "scanners.generic[0].match.subsystem",
+            "should match pattern",
+        ),
+        (
             "    - resource: example.com/s\n      match: {devnode: ttyUSB*}\n",
             "scanners.generic[0].match.devnode",
             "under /dev/",
@@ -173,3 +178,12 @@ def test_cli_reads_config_path_and_flags_from_environment(tmp_path: Path) -> Non
     env["DEVPLUG_KUBELET_DIR"] = "/abs/dir"
     result = devplug("scan", "--output", "json", env=env)
     assert result.returncode == 0, result.stderr
+
+
+def test_cli_warns_about_unknown_devplug_variables(tmp_path: Path) -> None:
+    import os
+
+    env = {**os.environ, "DEVPLUG_KUBELET_DRI": "/x", "DEVPLUG_LOG_FORMAT": "json"}
+    result = devplug("scan", "--scanner", "generic", env=env)
+    assert result.returncode == 0
+    assert "config.env.unknown" in result.stderr and "DEVPLUG_KUBELET_DRI" in result.stderr

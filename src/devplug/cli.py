@@ -12,8 +12,10 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+import structlog
+
 from devplug import __version__
-from devplug.config import Settings, load_settings
+from devplug.config import ENV_PREFIX, SCALAR_KEYS, Settings, load_settings
 from devplug.errors import ConfigError
 from devplug.logconfig import configure
 from devplug.naming import MAX_UNIX_SOCKET_PATH, short_socket_file_name
@@ -94,6 +96,7 @@ def _check_socket_dir(settings: Settings) -> None:
 def _prepare(args: argparse.Namespace) -> tuple[Settings, list[Scanner]]:
     settings = _settings(args)
     configure(settings.log_format, settings.log_level)
+    _warn_unknown_environment()
     scanners = build_scanners(settings.scanners)
     if not scanners:
         raise ConfigError(
@@ -115,13 +118,33 @@ def _scan(scanners: Sequence[Scanner], output: str) -> int:
 
 
 def _run(settings: Settings, scanners: Sequence[Scanner]) -> int:
+    # grpc's C core logs to stderr on its own; keep its informational lines out of our JSON.
+    os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
     from devplug.daemon.runner import Daemon, run_until_signalled
 
     async def main() -> None:
         await run_until_signalled(Daemon(settings, scanners))
 
-    asyncio.run(main())
+    try:
+        asyncio.run(main())
+    except Exception:
+        structlog.get_logger("devplug.daemon").exception("daemon.crashed")
+        return 1
     return 0
+
+
+def _warn_unknown_environment() -> None:
+    """A misspelt DEVPLUG_* variable would otherwise be ignored without a word."""
+    known = {ENV_PREFIX + key.upper() for key in SCALAR_KEYS} | {
+        "DEVPLUG_CONFIG",
+        "DEVPLUG_SCANNER",
+        "DEVPLUG_TESTS_WITHOUT_UMOCKDEV",
+    }
+    unknown = sorted(k for k in os.environ if k.startswith(ENV_PREFIX) and k not in known)
+    if unknown:
+        structlog.get_logger("devplug.config").warning(
+            "config.env.unknown", variables=unknown, known=sorted(known)
+        )
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
 import stat
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -446,3 +448,31 @@ async def test_a_broken_or_short_preferred_hook_falls_back_to_the_default(
         assert got[0] == "dev2" and len(got) == 2 and set(got) <= {"dev0", "dev1", "dev2"}
         if answer == ["dev1"]:
             assert got == ["dev2", "dev1"]  # the hook's pick kept, then topped up
+
+
+SLOW_BACKSTOP = replace(FAST_TIMING, stat_backstop_s=120.0)
+
+
+async def test_restarts_are_noticed_through_the_dir_watch_not_the_backstop(
+    kubelet: KubeletSimulator, kubelet_dir: Path
+) -> None:
+    """With the stat backstop two minutes away, only the inotify watch can wake the server."""
+    scanner = StaticScanner({SERIAL: devices(1)})
+    async with running_daemon(daemon_settings(kubelet_dir), [scanner], timing=SLOW_BACKSTOP):
+        await kubelet.wait_for_plugin(SERIAL)
+        for _ in range(3):
+            await kubelet.restart()
+            session = await kubelet.wait_for_plugin(SERIAL, timeout=10)
+            assert set(await session.wait_for_update()) == {"dev0"}
+
+
+async def test_the_kubelet_dir_removed_and_recreated(kubelet_dir: Path) -> None:
+    scanner = StaticScanner({SERIAL: devices(1)})
+    async with running_daemon(daemon_settings(kubelet_dir), [scanner], timing=SLOW_BACKSTOP):
+        async with KubeletSimulator(kubelet_dir) as kubelet:
+            await kubelet.wait_for_plugin(SERIAL)
+        shutil.rmtree(kubelet_dir)
+        await asyncio.sleep(0.3)
+        async with KubeletSimulator(kubelet_dir) as kubelet:
+            session = await kubelet.wait_for_plugin(SERIAL, timeout=10)
+            assert set(await session.wait_for_update()) == {"dev0"}

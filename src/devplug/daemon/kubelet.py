@@ -41,6 +41,7 @@ _WATCH_MASK = (
     | Mask.ONLYDIR
 )
 _GONE = Mask.DELETE_SELF | Mask.MOVE_SELF | Mask.IGNORED | Mask.UNMOUNT
+_PARENT_MASK = Mask.CREATE | Mask.DELETE | Mask.MOVED_FROM | Mask.MOVED_TO | Mask.ONLYDIR
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,19 +105,28 @@ class KubeletDirWatcher:
                 self._bump()
 
     async def _watch(self) -> None:
+        """Watch the dir, and its parent for the dir itself being removed or replaced.
+
+        The parent watch matters: a removed dir's own DELETE_SELF arrives only once nothing
+        references it any more, and a listening unix socket bound in it keeps it referenced.
+        """
         with Inotify() as inotify:
             inotify.add_watch(self.directory, _WATCH_MASK)
+            parent = inotify.add_watch(self.directory.parent, _PARENT_MASK)
             self.watching.set()
             # Anything may have happened before the watch existed: let servers re-check.
             self._bump()
             async for event in inotify:
-                if event.mask & _GONE:
+                about_dir = event.watch is parent and str(event.name) == self.directory.name
+                if about_dir or (event.watch is not parent and event.mask & _GONE):
                     log.warning("kubelet.dir.gone", dir=str(self.directory))
                     self.watching.clear()
                     self._bump()
                     return
                 if event.mask & Mask.Q_OVERFLOW or (
-                    event.name is not None and str(event.name).endswith(".sock")
+                    event.watch is not parent
+                    and event.name is not None
+                    and str(event.name).endswith(".sock")
                 ):
                     self._bump()
 

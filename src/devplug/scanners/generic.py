@@ -28,7 +28,7 @@ MAX_SHARES = 1000
 
 
 class GenericMatch(StrictModel):
-    subsystem: str | None = None
+    subsystem: str | None = Field(default=None, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.:+-]*$")
     devnode: str | None = Field(default=None, description="glob over the /dev path")
     properties: dict[str, str] = Field(default_factory=dict, description="udev properties, globs")
     attributes: dict[str, str] = Field(default_factory=dict, description="sysfs attributes, globs")

