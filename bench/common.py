@@ -11,7 +11,6 @@ import asyncio
 import contextlib
 import os
 import shutil
-import signal
 import statistics
 import subprocess
 import sys
@@ -19,6 +18,7 @@ import tempfile
 from collections.abc import AsyncIterator, Iterator, Sequence
 from pathlib import Path
 
+from devplug.testing import daemon_process as testing_daemon_process
 from devplug.testing.umockdev import UmockdevHost, add_intel_gpu, preload_active
 
 RENDER_RESOURCE = "example.com/render"
@@ -81,37 +81,15 @@ def render_ids(count: int) -> list[str]:
 
 @contextlib.asynccontextmanager
 async def daemon_process(
-    config_text: str, kubelet_dir: Path, host: UmockdevHost, *extra: str
+    config_text: str, kubelet_dir: Path, host: UmockdevHost
 ) -> AsyncIterator[asyncio.subprocess.Process]:
-    """``devplug run`` in its own process, seeing ``host``; SIGTERM on exit."""
+    """``devplug run`` in its own process, seeing ``host``, its output discarded."""
     config = kubelet_dir.parent / "config.yaml"
     config.write_text(config_text)
-    process = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "devplug",
-        "run",
-        "--config",
-        str(config),
-        "--kubelet-dir",
-        str(kubelet_dir),
-        "--log-format",
-        "json",
-        *extra,
-        stdout=asyncio.subprocess.DEVNULL,
-        stderr=asyncio.subprocess.DEVNULL,
-        env={**os.environ, **host.env()},
-    )
-    try:
+    async with testing_daemon_process(
+        config, kubelet_dir, env=host.env(), output=asyncio.subprocess.DEVNULL
+    ) as process:
         yield process
-    finally:
-        if process.returncode is None:
-            process.send_signal(signal.SIGTERM)
-            try:
-                await asyncio.wait_for(process.wait(), 10)
-            except TimeoutError:
-                process.kill()
-                await process.wait()
 
 
 def percentile(samples: Sequence[float], fraction: float) -> float:

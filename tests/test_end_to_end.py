@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -17,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from devplug.scanners.generic import GenericScanner
-from devplug.testing import KubeletSimulator, daemon_settings, running_daemon
+from devplug.testing import KubeletSimulator, daemon_process, daemon_settings, running_daemon
 from devplug.testing.umockdev import UmockdevHost, add_intel_gpu, add_usb_serial
 
 SERIAL_CONFIG = """
@@ -163,22 +162,8 @@ async def test_daemon_process_serves_and_stops_cleanly_on_sigterm(
     host: UmockdevHost, kubelet: KubeletSimulator, kubelet_dir: Path, short_dir: Path
 ) -> None:
     populate(host)
-    process = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "devplug",
-        "run",
-        "--config",
-        str(write_config(short_dir)),
-        "--kubelet-dir",
-        str(kubelet_dir),
-        "--log-format",
-        "json",
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-        env={**os.environ, **host.env()},
-    )
-    try:
+    config = write_config(short_dir)
+    async with daemon_process(config, kubelet_dir, env=host.env()) as process:
         serial = await kubelet.wait_for_plugin("example.com/serial", timeout=30)
         render = await kubelet.wait_for_plugin("example.com/render", timeout=30)
         assert set(await serial.wait_for_update()) == {"ttyUSB0", "ttyUSB1"}
@@ -190,10 +175,6 @@ async def test_daemon_process_serves_and_stops_cleanly_on_sigterm(
         await kubelet.wait_for_plugin("example.com/serial", timeout=30)
         process.send_signal(signal.SIGTERM)
         stdout, stderr = await asyncio.wait_for(process.communicate(), 30)
-    finally:
-        if process.returncode is None:
-            process.kill()
-            await process.wait()
     assert process.returncode == 0, stderr.decode()
     assert stdout == b""  # logs go to stderr only
     events = [json.loads(line)["event"] for line in stderr.decode().splitlines()]

@@ -10,7 +10,13 @@
   ``umockdev-wrapper``.
 """
 
-from devplug.testing.harness import FAST_TIMING, StaticScanner, daemon_settings, running_daemon
+from devplug.testing.harness import (
+    FAST_TIMING,
+    StaticScanner,
+    daemon_process,
+    daemon_settings,
+    running_daemon,
+)
 from devplug.testing.simulator import (
     KubeletSimulator,
     ListedDevice,
@@ -29,6 +35,7 @@ __all__ = [
     "Registration",
     "SimulatorRpcError",
     "StaticScanner",
+    "daemon_process",
     "daemon_settings",
     "running_daemon",
 ]

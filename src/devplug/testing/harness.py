@@ -2,13 +2,17 @@
 
 ``running_daemon`` starts the real daemon (watcher, manager, servers) on the test's event loop
 with short back-off timings, and stops it on exit, so a test can drive it through a
-:class:`~devplug.testing.simulator.KubeletSimulator`.
+:class:`~devplug.testing.simulator.KubeletSimulator`; ``daemon_process`` runs ``devplug run``
+as a child process instead, for tests of the command itself (signals, logs, exit status).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
+import signal
+import sys
 from collections.abc import AsyncIterator, Mapping, Sequence
 from pathlib import Path
 
@@ -78,3 +82,45 @@ async def running_daemon(
         first.cancel()
         daemon.request_stop()
         await task
+
+
+@contextlib.asynccontextmanager
+async def daemon_process(
+    config: Path,
+    kubelet_dir: Path,
+    *args: str,
+    env: Mapping[str, str] | None = None,
+    output: int | None = asyncio.subprocess.PIPE,
+) -> AsyncIterator[asyncio.subprocess.Process]:
+    """``devplug run`` as a child process (JSON logs on stderr), stopped with SIGTERM on exit.
+
+    ``env`` is added to this process's environment: pass ``UmockdevHost.env()`` to let the
+    daemon see mock hardware. ``output`` is where stdout and stderr go (PIPE to read them).
+    """
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "devplug",
+        "run",
+        "--config",
+        str(config),
+        "--kubelet-dir",
+        str(kubelet_dir),
+        "--log-format",
+        "json",
+        *args,
+        stdout=output,
+        stderr=output,
+        env={**os.environ, **(env or {})},
+    )
+    try:
+        yield process
+    finally:
+        if process.returncode is None:
+            process.send_signal(signal.SIGTERM)
+            try:
+                async with asyncio.timeout(10):
+                    await process.communicate()
+            except TimeoutError:
+                process.kill()
+                await process.wait()
