@@ -1,36 +1,12 @@
-"""Hand-built umockdev testbeds: real pyudev code against mock hardware, in-process.
-
-The testbed is a directory laid out like the one ``umockdev-run`` creates (``sys/``,
-``dev/``, ``dev/.node/``), written directly with file operations: no GObject, no
-description parser (which is quadratic, see UDEV-TESTING.md trap 6), no ioctl server.
-
-The process that reads the testbed must have ``libumockdev-preload.so.0`` loaded (start it
-with ``umockdev-wrapper``); :meth:`UmockdevHost.activated` then points the preload at the
-testbed by setting ``UMOCKDEV_DIR`` at run time, which the preload reads on every call.
-
-Facts this module relies on (umockdev 0.17.16, ``src/libumockdev-preload.c``):
-
-* ``/sys/...`` is always redirected to ``$UMOCKDEV_DIR/sys/...``; ``/dev/...`` only when the
-  path exists in the testbed, otherwise the real ``/dev`` is used.
-* ``stat()`` of a plain file under ``$UMOCKDEV_DIR/dev`` reports a char device, or a block
-  device when the file has the sticky bit; ``st_rdev`` comes from the symlink
-  ``dev/.node/<path below /dev with '/' -> '_'>`` whose target is ``"MAJOR:MINOR"``.
-* A uevent netlink socket becomes an ``AF_UNIX`` datagram socket bound at
-  ``$UMOCKDEV_DIR/event<fd>``; umockdev's sender (``src/uevent_sender.c``) writes a libudev
-  datagram (40-byte header, then NUL-terminated ``KEY=VALUE`` strings) to every
-  ``event[0-9]*`` socket. :meth:`UmockdevHost.emit` does the same from Python.
-"""
+"""The testbed itself: :class:`UmockdevHost` builds, mutates, activates and emits."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import os
-import re
 import shutil
-import socket
 import stat
-import struct
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -38,17 +14,18 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Final, Literal
 
-__all__ = [
-    "PRELOAD_LIBRARY",
-    "MockNode",
-    "UeventQueueFullError",
-    "UmockdevHost",
-    "add_intel_gpu",
-    "add_pci_device",
-    "add_usb_serial",
-    "encode_udev_message",
-    "preload_active",
-]
+from devplug.testing.umockdev.files import (
+    _atomic_write,
+    _canonical_sys_path,
+    _check_name,
+    _check_property,
+    _check_relative,
+    _dev_relative,
+    _format_uevent,
+    _parse_uevent,
+    _write,
+)
+from devplug.testing.umockdev.wire import _send_all, encode_udev_message
 
 PRELOAD_LIBRARY: Final = "libumockdev-preload.so.0"
 
@@ -94,22 +71,12 @@ _BUS_SUBSYSTEMS: Final = frozenset(
 
 # Names the module writes itself in a device dir; callers may not use them as attributes/links.
 _RESERVED_NAMES: Final = frozenset({"uevent", "subsystem", "driver"})
-# Properties that describe the event, not the device; the kernel never puts them in uevent.
-_EVENT_ONLY_KEYS: Final = frozenset({"ACTION", "DEVPATH", "SEQNUM"})
 _ACTIONS: Final = frozenset(
     {"add", "remove", "change", "move", "online", "offline", "bind", "unbind"}
 )
 
-_UDEV_MONITOR_MAGIC: Final = 0xFEEDCAFE
-_UDEV_HEADER_SIZE: Final = 40
-# libudev receives into an 8 KiB buffer; a bigger datagram would be truncated silently.
-_MAX_DATAGRAM: Final = 8192
 # sun_path is 108 bytes; the preload truncates longer socket paths silently (snprintf).
 _MAX_SOCKET_PATH: Final = 107
-_KEY_RE: Final = re.compile(r"^[A-Za-z0-9_.:-]+$")
-_PCI_ADDRESS_RE: Final = re.compile(
-    r"^([0-9a-fA-F]{4}):([0-9a-fA-F]{2}):([0-9a-fA-F]{2})\.([0-7])$"
-)
 
 
 @dataclass(frozen=True)
@@ -582,353 +549,3 @@ class UmockdevHost:
                 raise UeventQueueFullError(pending, delivered)
             # Yield to the loop so the reader callbacks can drain the monitor.
             await asyncio.sleep(0.001)
-
-
-# ---------------------------------------------------------------------- wire format
-
-
-def _string_hash32(text: str) -> int:
-    """MurmurHash2 with seed 0, as systemd's string_hash32 (used by monitor BPF filters)."""
-    data = text.encode()
-    m = 0x5BD1E995
-    mask = 0xFFFFFFFF
-    h = len(data) & mask
-    full = len(data) - len(data) % 4
-    for (k,) in struct.iter_unpack("<I", data[:full]):
-        k = (k * m) & mask
-        k ^= k >> 24
-        k = (k * m) & mask
-        h = ((h * m) & mask) ^ k
-    tail = data[full:]
-    if tail:
-        if len(tail) == 3:
-            h ^= tail[2] << 16
-        if len(tail) >= 2:
-            h ^= tail[1] << 8
-        h ^= tail[0]
-        h = (h * m) & mask
-    h ^= h >> 13
-    h = (h * m) & mask
-    h ^= h >> 15
-    return h
-
-
-def _tag_bloom(tags: str) -> int:
-    bits = 0
-    for tag in filter(None, tags.split(":")):
-        h = _string_hash32(tag)
-        for shift in (0, 6, 12, 18):
-            bits |= 1 << ((h >> shift) & 63)
-    return bits
-
-
-def encode_udev_message(properties: Mapping[str, str]) -> bytes:
-    """Encode a libudev monitor datagram, as udevd and umockdev's uevent_sender.c do.
-
-    Header: ``"libudev\\0"``, magic 0xfeedcafe (big-endian), header_size, properties_off,
-    properties_len (host order), subsystem hash, devtype hash, tag bloom hi/lo (big-endian);
-    then ``KEY=VALUE\\0`` for each property. ACTION, DEVPATH, SUBSYSTEM and a non-zero
-    SEQNUM are mandatory for libudev to accept it.
-    """
-    for key in ("ACTION", "DEVPATH", "SUBSYSTEM", "SEQNUM"):
-        if not properties.get(key):
-            raise ValueError(f"uevent needs {key}")
-    body = b"".join(f"{key}={value}".encode() + b"\0" for key, value in properties.items())
-    devtype = properties.get("DEVTYPE")
-    bloom = _tag_bloom(properties.get("TAGS", ""))
-    header = (
-        b"libudev\0"
-        + struct.pack(">I", _UDEV_MONITOR_MAGIC)
-        + struct.pack("=III", _UDEV_HEADER_SIZE, _UDEV_HEADER_SIZE, len(body))
-        + struct.pack(
-            ">IIII",
-            _string_hash32(properties["SUBSYSTEM"]),
-            _string_hash32(devtype) if devtype else 0,
-            bloom >> 32,
-            bloom & 0xFFFFFFFF,
-        )
-    )
-    message = header + body
-    if len(message) > _MAX_DATAGRAM:
-        raise ValueError(f"uevent too large for libudev ({len(message)} > {_MAX_DATAGRAM})")
-    return message
-
-
-def _send_all(paths: Sequence[str], datagram: bytes) -> tuple[int, list[str]]:
-    """Send without blocking; return (delivered count, sockets whose queue was full)."""
-    sent = 0
-    full: list[str] = []
-    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC) as sock:
-        sock.setblocking(False)
-        for path in paths:
-            try:
-                sock.sendto(datagram, path)
-            except BlockingIOError:
-                full.append(path)
-            except ConnectionRefusedError:
-                # The monitor was closed; umockdev's sender also removes the stale socket.
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(path)
-            except FileNotFoundError:
-                pass
-            else:
-                sent += 1
-    return sent, full
-
-
-# ---------------------------------------------------------------------- helpers
-
-
-def _canonical_sys_path(sys_path: str) -> str:
-    path = sys_path.strip()
-    if path.startswith("/"):
-        path = path[1:]
-    if not path.startswith("sys/") and path != "sys":
-        path = "sys/" + path
-    parts = path.split("/")
-    if any(part in ("", ".", "..") for part in parts):
-        raise ValueError(f"invalid sys path: {sys_path!r}")
-    return "/" + "/".join(parts)
-
-
-def _dev_relative(path: str) -> str:
-    rel = path[len("/dev/") :] if path.startswith("/dev/") else path
-    _check_relative(rel, "/dev path")
-    return rel
-
-
-def _check_relative(name: str, what: str) -> None:
-    parts = name.split("/")
-    if not name or any(part in ("", ".", "..") or part.startswith(".") for part in parts):
-        raise ValueError(f"invalid {what} name: {name!r}")
-
-
-def _check_name(what: str, name: str) -> None:
-    if not name or "/" in name or name in (".", ".."):
-        raise ValueError(f"invalid {what}: {name!r}")
-
-
-def _check_property(key: str, value: str, *, allow_event_keys: bool = False) -> None:
-    if not _KEY_RE.match(key):
-        raise ValueError(f"invalid property name: {key!r}")
-    if key in _EVENT_ONLY_KEYS and not allow_event_keys:
-        raise ValueError(f"{key} belongs to events, not to the device")
-    if "\n" in value or "\0" in value:
-        raise ValueError(f"property {key} contains a newline or NUL")
-
-
-def _format_uevent(properties: Mapping[str, str]) -> str:
-    return "".join(f"{key}={value}\n" for key, value in properties.items())
-
-
-def _parse_uevent(path: str) -> dict[str, str]:
-    props: dict[str, str] = {}
-    with open(path, encoding="utf-8") as fh:
-        for line in fh:
-            key, sep, value = line.rstrip("\n").partition("=")
-            if sep:
-                props[key] = value
-    return props
-
-
-def _write(path: str, value: str | bytes) -> None:
-    data = value.encode() if isinstance(value, str) else value
-    with open(path, "wb") as fh:
-        fh.write(data)
-
-
-def _atomic_write(path: str, value: str | bytes) -> None:
-    # Readers (pyudev in this process, or another process) never see a half-written file.
-    directory, name = os.path.split(path)
-    tmp = os.path.join(directory, f".{name}.devplug-tmp")
-    _write(tmp, value)
-    os.replace(tmp, path)
-
-
-def _hex_id(value: str, what: str) -> int:
-    try:
-        return int(value, 16)
-    except ValueError:
-        raise ValueError(f"invalid {what}: {value!r}") from None
-
-
-# ---------------------------------------------------------------------- presets
-
-
-def add_pci_device(
-    host: UmockdevHost,
-    address: str = "0000:00:02.0",
-    *,
-    vendor: str,
-    device: str,
-    driver: str | None,
-    numa_node: int = -1,
-    cls: str = "0x030000",
-    iommu_group: int | None = None,
-    extra_attributes: Mapping[str, str] = _EMPTY,
-) -> str:
-    """Add a PCI function below ``/sys/devices/pci<domain>:<bus>/<address>``."""
-    match = _PCI_ADDRESS_RE.match(address)
-    if match is None:
-        raise ValueError(f"invalid PCI address: {address!r}")
-    address = address.lower()
-    domain, bus_no = match.group(1).lower(), match.group(2).lower()
-    vendor_id, device_id = _hex_id(vendor, "vendor"), _hex_id(device, "device")
-    class_id = _hex_id(cls, "class")
-    attributes: dict[str, str] = {
-        "vendor": f"0x{vendor_id:04x}",
-        "device": f"0x{device_id:04x}",
-        "subsystem_vendor": f"0x{vendor_id:04x}",
-        "subsystem_device": "0x0000",
-        "class": f"0x{class_id:06x}",
-        "numa_node": str(numa_node),
-        **extra_attributes,
-    }
-    sub_vendor = _hex_id(attributes["subsystem_vendor"], "subsystem_vendor")
-    sub_device = _hex_id(attributes["subsystem_device"], "subsystem_device")
-    # The kernel's PCI uevent (drivers/pci/pci-driver.c), formats included.
-    properties = {
-        "PCI_CLASS": f"{class_id:X}",
-        "PCI_ID": f"{vendor_id:04X}:{device_id:04X}",
-        "PCI_SUBSYS_ID": f"{sub_vendor:04X}:{sub_device:04X}",
-        "PCI_SLOT_NAME": address,
-        "MODALIAS": (
-            f"pci:v{vendor_id:08X}d{device_id:08X}sv{sub_vendor:08X}sd{sub_device:08X}"
-            f"bc{class_id >> 16 & 0xFF:02X}sc{class_id >> 8 & 0xFF:02X}i{class_id & 0xFF:02X}"
-        ),
-    }
-    links: dict[str, str] = {}
-    if iommu_group is not None:
-        # Dangling in the testbed (trap 7): consumers read the link's basename.
-        links["iommu_group"] = f"../../../kernel/iommu_groups/{iommu_group}"
-    return host.add_device(
-        f"/sys/devices/pci{domain}:{bus_no}/{address}",
-        "pci",
-        attributes=attributes,
-        properties=properties,
-        links=links,
-        driver=driver,
-    )
-
-
-def add_intel_gpu(
-    host: UmockdevHost,
-    address: str,
-    *,
-    card: int,
-    render: int | None,
-    device_id: str = "0x56a0",
-    driver: str = "i915",
-    numa_node: int = -1,
-    iommu_group: int | None = None,
-    extra_attributes: Mapping[str, str] = _EMPTY,
-) -> str:
-    """Add an Intel GPU (PCI function + drm card/render minors); return the PCI path."""
-    pci = add_pci_device(
-        host,
-        address,
-        vendor="0x8086",
-        device=device_id,
-        driver=driver,
-        numa_node=numa_node,
-        cls="0x030000",
-        iommu_group=iommu_group,
-        extra_attributes=extra_attributes,
-    )
-    minors = [(f"card{card}", card, "card")]
-    if render is not None:
-        minors.append((f"renderD{render}", render, "render"))
-    for name, minor, suffix in minors:
-        host.add_device(
-            f"{pci}/drm/{name}",
-            "drm",
-            properties={"DEVTYPE": "drm_minor"},
-            node=MockNode(f"dri/{name}", 226, minor),
-            devlinks=[f"dri/by-path/pci-{address.lower()}-{suffix}"],
-        )
-    return pci
-
-
-def add_usb_serial(
-    host: UmockdevHost,
-    *,
-    index: int,
-    vendor_id: str = "0403",
-    model_id: str = "6001",
-    serial: str | None = None,
-) -> str:
-    """Add a USB serial adapter (controller/hub created once); return the tty's path."""
-    if index < 0 or index > 125:
-        raise ValueError(f"USB serial index out of range: {index}")
-    vid, pid = _hex_id(vendor_id, "vendor_id"), _hex_id(model_id, "model_id")
-    controller = "/sys/devices/pci0000:00/0000:00:14.0"
-    if not host.has_device(controller):
-        add_pci_device(
-            host,
-            "0000:00:14.0",
-            vendor="0x8086",
-            device="0xa36d",
-            driver="xhci_hcd",
-            cls="0x0c0330",
-        )
-    hub = f"{controller}/usb1"
-    if not host.has_device(hub):
-        host.add_device(
-            hub,
-            "usb",
-            attributes={"idVendor": "1d6b", "idProduct": "0002", "busnum": "1", "devnum": "1"},
-            properties={"DEVTYPE": "usb_device", "BUSNUM": "001", "DEVNUM": "001"},
-            node=MockNode("bus/usb/001/001", 189, 0),
-            driver="usb",
-        )
-    port = f"1-{index + 1}"
-    devnum = index + 2
-    usb_attrs = {"idVendor": f"{vid:04x}", "idProduct": f"{pid:04x}", "busnum": "1"}
-    usb_attrs["devnum"] = str(devnum)
-    if serial is not None:
-        usb_attrs["serial"] = serial
-    usb_dev = host.add_device(
-        f"{hub}/{port}",
-        "usb",
-        attributes=usb_attrs,
-        properties={
-            "DEVTYPE": "usb_device",
-            "PRODUCT": f"{vid:x}/{pid:x}/600",
-            "TYPE": "0/0/0",
-            "BUSNUM": "001",
-            "DEVNUM": f"{devnum:03d}",
-        },
-        node=MockNode(f"bus/usb/001/{devnum:03d}", 189, devnum - 1),
-        driver="usb",
-    )
-    interface = host.add_device(
-        f"{usb_dev}/{port}:1.0",
-        "usb",
-        attributes={"bInterfaceNumber": "00", "bInterfaceClass": "ff"},
-        properties={
-            "DEVTYPE": "usb_interface",
-            "PRODUCT": f"{vid:x}/{pid:x}/600",
-            "INTERFACE": "255/255/255",
-            "MODALIAS": f"usb:v{vid:04X}p{pid:04X}d0600dc00dsc00dp00icFFiscFFipFFin00",
-        },
-        driver="ftdi_sio",
-    )
-    tty_name = f"ttyUSB{index}"
-    port_dev = host.add_device(
-        f"{interface}/{tty_name}",
-        "usb-serial",
-        attributes={"port_number": "0"},
-        driver="ftdi_sio",
-    )
-    tty_props = {"ID_VENDOR_ID": f"{vid:04x}", "ID_MODEL_ID": f"{pid:04x}", "ID_BUS": "usb"}
-    devlinks: list[str] = []
-    if serial is not None:
-        tty_props["ID_SERIAL_SHORT"] = serial
-        devlinks.append(f"serial/by-id/usb-{vid:04x}_{pid:04x}_{serial}-if00-port0")
-    return host.add_device(
-        f"{port_dev}/tty/{tty_name}",
-        "tty",
-        properties=tty_props,
-        node=MockNode(tty_name, 188, index),
-        devlinks=devlinks,
-    )

@@ -1,0 +1,44 @@
+"""Hand-built umockdev testbeds: real pyudev code against mock hardware, in-process.
+
+The testbed is a directory laid out like the one ``umockdev-run`` creates (``sys/``,
+``dev/``, ``dev/.node/``), written directly with file operations: no GObject, no
+description parser (which is quadratic, see UDEV-TESTING.md trap 6), no ioctl server.
+
+The process that reads the testbed must have ``libumockdev-preload.so.0`` loaded (start it
+with ``umockdev-wrapper``); :meth:`UmockdevHost.activated` then points the preload at the
+testbed by setting ``UMOCKDEV_DIR`` at run time, which the preload reads on every call.
+
+Facts this package relies on (umockdev 0.17.16, ``src/libumockdev-preload.c``):
+
+* ``/sys/...`` is always redirected to ``$UMOCKDEV_DIR/sys/...``; ``/dev/...`` only when the
+  path exists in the testbed, otherwise the real ``/dev`` is used.
+* ``stat()`` of a plain file under ``$UMOCKDEV_DIR/dev`` reports a char device, or a block
+  device when the file has the sticky bit; ``st_rdev`` comes from the symlink
+  ``dev/.node/<path below /dev with '/' -> '_'>`` whose target is ``"MAJOR:MINOR"``.
+* A uevent netlink socket becomes an ``AF_UNIX`` datagram socket bound at
+  ``$UMOCKDEV_DIR/event<fd>``; umockdev's sender (``src/uevent_sender.c``) writes a libudev
+  datagram (40-byte header, then NUL-terminated ``KEY=VALUE`` strings) to every
+  ``event[0-9]*`` socket. :meth:`UmockdevHost.emit` does the same from Python.
+"""
+
+from devplug.testing.umockdev.host import (
+    PRELOAD_LIBRARY,
+    MockNode,
+    UeventQueueFullError,
+    UmockdevHost,
+    preload_active,
+)
+from devplug.testing.umockdev.presets import add_intel_gpu, add_pci_device, add_usb_serial
+from devplug.testing.umockdev.wire import encode_udev_message
+
+__all__ = [
+    "PRELOAD_LIBRARY",
+    "MockNode",
+    "UeventQueueFullError",
+    "UmockdevHost",
+    "add_intel_gpu",
+    "add_pci_device",
+    "add_usb_serial",
+    "encode_udev_message",
+    "preload_active",
+]

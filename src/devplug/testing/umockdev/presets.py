@@ -1,0 +1,193 @@
+"""Presets: common devices (PCI functions, Intel GPUs, USB serial adapters) in one call."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import Final
+
+from devplug.testing.umockdev.files import _hex_id
+from devplug.testing.umockdev.host import _EMPTY, MockNode, UmockdevHost
+
+_PCI_ADDRESS_RE: Final = re.compile(
+    r"^([0-9a-fA-F]{4}):([0-9a-fA-F]{2}):([0-9a-fA-F]{2})\.([0-7])$"
+)
+
+
+def add_pci_device(
+    host: UmockdevHost,
+    address: str = "0000:00:02.0",
+    *,
+    vendor: str,
+    device: str,
+    driver: str | None,
+    numa_node: int = -1,
+    cls: str = "0x030000",
+    iommu_group: int | None = None,
+    extra_attributes: Mapping[str, str] = _EMPTY,
+) -> str:
+    """Add a PCI function below ``/sys/devices/pci<domain>:<bus>/<address>``."""
+    match = _PCI_ADDRESS_RE.match(address)
+    if match is None:
+        raise ValueError(f"invalid PCI address: {address!r}")
+    address = address.lower()
+    domain, bus_no = match.group(1).lower(), match.group(2).lower()
+    vendor_id, device_id = _hex_id(vendor, "vendor"), _hex_id(device, "device")
+    class_id = _hex_id(cls, "class")
+    attributes: dict[str, str] = {
+        "vendor": f"0x{vendor_id:04x}",
+        "device": f"0x{device_id:04x}",
+        "subsystem_vendor": f"0x{vendor_id:04x}",
+        "subsystem_device": "0x0000",
+        "class": f"0x{class_id:06x}",
+        "numa_node": str(numa_node),
+        **extra_attributes,
+    }
+    sub_vendor = _hex_id(attributes["subsystem_vendor"], "subsystem_vendor")
+    sub_device = _hex_id(attributes["subsystem_device"], "subsystem_device")
+    # The kernel's PCI uevent (drivers/pci/pci-driver.c), formats included.
+    properties = {
+        "PCI_CLASS": f"{class_id:X}",
+        "PCI_ID": f"{vendor_id:04X}:{device_id:04X}",
+        "PCI_SUBSYS_ID": f"{sub_vendor:04X}:{sub_device:04X}",
+        "PCI_SLOT_NAME": address,
+        "MODALIAS": (
+            f"pci:v{vendor_id:08X}d{device_id:08X}sv{sub_vendor:08X}sd{sub_device:08X}"
+            f"bc{class_id >> 16 & 0xFF:02X}sc{class_id >> 8 & 0xFF:02X}i{class_id & 0xFF:02X}"
+        ),
+    }
+    links: dict[str, str] = {}
+    if iommu_group is not None:
+        # Dangling in the testbed (trap 7): consumers read the link's basename.
+        links["iommu_group"] = f"../../../kernel/iommu_groups/{iommu_group}"
+    return host.add_device(
+        f"/sys/devices/pci{domain}:{bus_no}/{address}",
+        "pci",
+        attributes=attributes,
+        properties=properties,
+        links=links,
+        driver=driver,
+    )
+
+
+def add_intel_gpu(
+    host: UmockdevHost,
+    address: str,
+    *,
+    card: int,
+    render: int | None,
+    device_id: str = "0x56a0",
+    driver: str = "i915",
+    numa_node: int = -1,
+    iommu_group: int | None = None,
+    extra_attributes: Mapping[str, str] = _EMPTY,
+) -> str:
+    """Add an Intel GPU (PCI function + drm card/render minors); return the PCI path."""
+    pci = add_pci_device(
+        host,
+        address,
+        vendor="0x8086",
+        device=device_id,
+        driver=driver,
+        numa_node=numa_node,
+        cls="0x030000",
+        iommu_group=iommu_group,
+        extra_attributes=extra_attributes,
+    )
+    minors = [(f"card{card}", card, "card")]
+    if render is not None:
+        minors.append((f"renderD{render}", render, "render"))
+    for name, minor, suffix in minors:
+        host.add_device(
+            f"{pci}/drm/{name}",
+            "drm",
+            properties={"DEVTYPE": "drm_minor"},
+            node=MockNode(f"dri/{name}", 226, minor),
+            devlinks=[f"dri/by-path/pci-{address.lower()}-{suffix}"],
+        )
+    return pci
+
+
+def add_usb_serial(
+    host: UmockdevHost,
+    *,
+    index: int,
+    vendor_id: str = "0403",
+    model_id: str = "6001",
+    serial: str | None = None,
+) -> str:
+    """Add a USB serial adapter (controller/hub created once); return the tty's path."""
+    if index < 0 or index > 125:
+        raise ValueError(f"USB serial index out of range: {index}")
+    vid, pid = _hex_id(vendor_id, "vendor_id"), _hex_id(model_id, "model_id")
+    controller = "/sys/devices/pci0000:00/0000:00:14.0"
+    if not host.has_device(controller):
+        add_pci_device(
+            host,
+            "0000:00:14.0",
+            vendor="0x8086",
+            device="0xa36d",
+            driver="xhci_hcd",
+            cls="0x0c0330",
+        )
+    hub = f"{controller}/usb1"
+    if not host.has_device(hub):
+        host.add_device(
+            hub,
+            "usb",
+            attributes={"idVendor": "1d6b", "idProduct": "0002", "busnum": "1", "devnum": "1"},
+            properties={"DEVTYPE": "usb_device", "BUSNUM": "001", "DEVNUM": "001"},
+            node=MockNode("bus/usb/001/001", 189, 0),
+            driver="usb",
+        )
+    port = f"1-{index + 1}"
+    devnum = index + 2
+    usb_attrs = {"idVendor": f"{vid:04x}", "idProduct": f"{pid:04x}", "busnum": "1"}
+    usb_attrs["devnum"] = str(devnum)
+    if serial is not None:
+        usb_attrs["serial"] = serial
+    usb_dev = host.add_device(
+        f"{hub}/{port}",
+        "usb",
+        attributes=usb_attrs,
+        properties={
+            "DEVTYPE": "usb_device",
+            "PRODUCT": f"{vid:x}/{pid:x}/600",
+            "TYPE": "0/0/0",
+            "BUSNUM": "001",
+            "DEVNUM": f"{devnum:03d}",
+        },
+        node=MockNode(f"bus/usb/001/{devnum:03d}", 189, devnum - 1),
+        driver="usb",
+    )
+    interface = host.add_device(
+        f"{usb_dev}/{port}:1.0",
+        "usb",
+        attributes={"bInterfaceNumber": "00", "bInterfaceClass": "ff"},
+        properties={
+            "DEVTYPE": "usb_interface",
+            "PRODUCT": f"{vid:x}/{pid:x}/600",
+            "INTERFACE": "255/255/255",
+            "MODALIAS": f"usb:v{vid:04X}p{pid:04X}d0600dc00dsc00dp00icFFiscFFipFFin00",
+        },
+        driver="ftdi_sio",
+    )
+    tty_name = f"ttyUSB{index}"
+    port_dev = host.add_device(
+        f"{interface}/{tty_name}",
+        "usb-serial",
+        attributes={"port_number": "0"},
+        driver="ftdi_sio",
+    )
+    tty_props = {"ID_VENDOR_ID": f"{vid:04x}", "ID_MODEL_ID": f"{pid:04x}", "ID_BUS": "usb"}
+    devlinks: list[str] = []
+    if serial is not None:
+        tty_props["ID_SERIAL_SHORT"] = serial
+        devlinks.append(f"serial/by-id/usb-{vid:04x}_{pid:04x}_{serial}-if00-port0")
+    return host.add_device(
+        f"{port_dev}/tty/{tty_name}",
+        "tty",
+        properties=tty_props,
+        node=MockNode(tty_name, 188, index),
+        devlinks=devlinks,
+    )
