@@ -476,3 +476,30 @@ async def test_the_kubelet_dir_removed_and_recreated(kubelet_dir: Path) -> None:
         async with KubeletSimulator(kubelet_dir) as kubelet:
             session = await kubelet.wait_for_plugin(SERIAL, timeout=10)
             assert set(await session.wait_for_update()) == {"dev0"}
+
+
+class FaultyAllocator(StaticScanner):
+    def __init__(self) -> None:
+        super().__init__({SERIAL: devices(2)})
+
+    def allocate(
+        self, resource: str, requests: Sequence[Sequence[str]], devices: Mapping[str, DeviceInfo]
+    ) -> Sequence[ContainerAllocation] | None:
+        if "dev1" in requests[0]:
+            raise RuntimeError("bug in a hook")
+        return [ContainerAllocation()]  # one answer, however many containers asked
+
+
+async def test_a_failing_allocate_hook_is_internal_and_the_server_keeps_serving(
+    kubelet: KubeletSimulator, kubelet_dir: Path
+) -> None:
+    async with running_daemon(daemon_settings(kubelet_dir), [FaultyAllocator()]):
+        session = await kubelet.wait_for_plugin(SERIAL)
+        await session.wait_for_update()
+        with pytest.raises(SimulatorRpcError) as crashed:
+            await session.allocate(["dev1"])
+        assert crashed.value.code == "INTERNAL" and SERIAL in crashed.value.details
+        with pytest.raises(SimulatorRpcError) as short:  # wrong number of answers from the hook
+            await session.allocate(["dev0"], ["dev0"])
+        assert short.value.code == "INTERNAL"
+        assert await session.allocate(["dev0"]) == [ContainerAllocation()]

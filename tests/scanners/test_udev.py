@@ -59,3 +59,35 @@ def test_a_vanished_device_is_skipped_not_fatal(host: UmockdevHost) -> None:
 def test_subsystem_names_cannot_escape_sysfs(bad: str) -> None:
     with pytest.raises(ValueError, match="not a subsystem name"):
         list(UdevSource().devices(bad))
+
+
+def test_the_device_view_reads_parents_children_links_and_attributes(host: UmockdevHost) -> None:
+    pci = add_intel_gpu(host, "0000:00:02.0", card=0, render=128, numa_node=1, iommu_group=7)
+    host.set_attribute(pci, "garbage", "twelve\n")
+    host.set_attribute(pci, "huge", "x" * 5000)
+    source = UdevSource()
+    gpu = source.device(pci)
+    assert gpu is not None
+    assert gpu.driver == "i915"
+    assert gpu.int_attribute("vendor") == 0x8086
+    assert gpu.int_attribute("numa_node", 10) == 1
+    assert gpu.link_basename("iommu_group") == "7"
+    assert gpu.link_basename("no_such_link") is None
+    assert gpu.attribute("garbage") == "twelve"  # stripped of the newline real sysfs adds
+    assert gpu.int_attribute("garbage") is None  # not a number: None, not an exception
+    assert gpu.attribute("huge") is None  # larger than a sysfs page
+    assert gpu.int_attribute("class") == 0x030000
+    with pytest.raises(ValueError, match="plain file names"):
+        gpu.attribute("../../etc/passwd")
+    with pytest.raises(ValueError, match="plain file names"):
+        gpu.link_basename("../x")
+    assert sorted(child.sys_name for child in gpu.children("drm")) == ["card0", "renderD128"]
+    (render,) = [c for c in gpu.children("drm") if c.sys_name == "renderD128"]
+    parent = render.parent("pci")
+    assert parent is not None and parent.sys_path == pci
+    assert render.numa_node() == 1 and source.numa_node(render) == 1
+    assert render.device_node == "/dev/dri/renderD128"
+    host.remove_device(pci)
+    assert source.device(pci) is None  # gone: None, not an exception
+    with pytest.raises(ValueError, match="not a sysfs device path"):
+        source.device("/etc/../sys/x")

@@ -52,12 +52,13 @@ class FileIdentity:
     ctime_ns: int
 
     @classmethod
-    def of(cls, path: Path, *, socket_only: bool = True) -> FileIdentity | None:
+    def of(cls, path: Path) -> FileIdentity | None:
+        """The identity of the socket at ``path``; None if it is missing or not a socket."""
         try:
             st = os.lstat(path)
         except OSError:
             return None
-        if socket_only and not stat.S_ISSOCK(st.st_mode):
+        if not stat.S_ISSOCK(st.st_mode):
             return None
         return cls(st.st_ino, st.st_ctime_ns)
 
@@ -68,7 +69,6 @@ class KubeletDirWatcher:
     def __init__(self, directory: Path) -> None:
         self.directory = directory
         self.changes: LatestValue[int] = LatestValue(0)
-        self.watching = asyncio.Event()
 
     def _bump(self) -> None:
         self.changes.set(self.changes.value + 1)
@@ -100,7 +100,6 @@ class KubeletDirWatcher:
                         fallback=f"stat checks every {DIR_POLL_S}s until a watch can be set",
                     )
                     failure_logged = exc.strerror
-                self.watching.clear()
                 await asyncio.sleep(DIR_POLL_S)
                 self._bump()
 
@@ -113,14 +112,12 @@ class KubeletDirWatcher:
         with Inotify() as inotify:
             inotify.add_watch(self.directory, _WATCH_MASK)
             parent = inotify.add_watch(self.directory.parent, _PARENT_MASK)
-            self.watching.set()
             # Anything may have happened before the watch existed: let servers re-check.
             self._bump()
             async for event in inotify:
                 about_dir = event.watch is parent and str(event.name) == self.directory.name
                 if about_dir or (event.watch is not parent and event.mask & _GONE):
                     log.warning("kubelet.dir.gone", dir=str(self.directory))
-                    self.watching.clear()
                     self._bump()
                     return
                 if event.mask & Mask.Q_OVERFLOW or (

@@ -9,9 +9,10 @@ server keeps serving.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 from collections.abc import AsyncIterator, Awaitable, Mapping, Sequence
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import grpc
 import structlog
@@ -121,17 +122,8 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
         context: grpc.aio.ServicerContext[pb.AllocateRequest, pb.AllocateResponse],
     ) -> pb.AllocateResponse:
         requests = [list(c.devices_ids) for c in request.container_requests]
-        devices = self.devices.value
-        try:
-            responses = await self._allocate(requests, devices)
-        except AllocationError as exc:
-            self._log.warning("allocate.refused", reason=str(exc))
-            await context.abort(_STATUS.get(exc.kind, grpc.StatusCode.INVALID_ARGUMENT), str(exc))
-            raise  # abort raises; this line is for type checkers
-        except Exception:
-            self._log.exception("allocate.failed")
-            await context.abort(grpc.StatusCode.INTERNAL, f"{self.resource}: allocation failed")
-            raise
+        async with self._answering(context, "allocate"):
+            responses = await self._allocate(requests, self.devices.value)
         self._log.info("allocate.complete", devices=_loggable(requests))
         return pb.AllocateResponse(container_responses=responses)
 
@@ -231,16 +223,23 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
         ],
     ) -> pb.PreStartContainerResponse:
         ids = list(request.devices_ids)
-        try:
+        async with self._answering(context, "prestart"):
             check_request(self.resource, [ids], self.devices.value)
             if self._pre_starter is not None:
                 await _resolve(self._pre_starter.pre_start_container(self.resource, ids))
-        except AllocationError as exc:
-            self._log.warning("prestart.refused", reason=str(exc))
-            await context.abort(_STATUS.get(exc.kind, grpc.StatusCode.INVALID_ARGUMENT), str(exc))
-            raise
-        except Exception:
-            self._log.exception("prestart.failed")
-            await context.abort(grpc.StatusCode.INTERNAL, f"{self.resource}: pre-start failed")
-            raise
         return pb.PreStartContainerResponse()
+
+    @contextlib.asynccontextmanager
+    async def _answering(
+        self, context: grpc.aio.ServicerContext[Any, Any], rpc: str
+    ) -> AsyncIterator[None]:
+        """Answer a refusal with its gRPC status and anything else with INTERNAL, naming the
+        resource; the server goes on serving either way. ``context.abort`` always raises."""
+        try:
+            yield
+        except AllocationError as exc:
+            self._log.warning(f"{rpc}.refused", reason=str(exc))
+            await context.abort(_STATUS.get(exc.kind, grpc.StatusCode.INVALID_ARGUMENT), str(exc))
+        except Exception:
+            self._log.exception(f"{rpc}.failed")
+            await context.abort(grpc.StatusCode.INTERNAL, f"{self.resource}: {rpc} failed")
