@@ -33,10 +33,25 @@ class StrictModel(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
 
-class HotplugSettings(StrictModel):
-    """How devplug notices device changes. Core polls; udev events come with the hotplug work."""
+HotplugSource = Literal["auto", "udev", "kernel", "none"]
 
-    poll_s: float = Field(default=5.0, gt=0, le=3600, description="seconds between full rescans")
+
+class HotplugSettings(StrictModel):
+    """How devplug notices device changes: udev events, with periodic full rescans as a net.
+
+    ``source``: ``auto`` listens to udevd's events when /run/udev/control exists, else to the
+    kernel's; ``none`` only polls. ``coalesce_ms``: events arriving within this window are
+    handled together. ``resync_s``: full rescan period while events are received; ``poll_s``:
+    full rescan period without them (source none, or no monitor could be opened).
+    ``health_hold_down_s``: a device that recovers is advertised Healthy only after staying
+    healthy this long (turning Unhealthy is advertised at once).
+    """
+
+    source: HotplugSource = "auto"
+    coalesce_ms: float = Field(default=5.0, ge=0, le=10_000)
+    resync_s: float = Field(default=60.0, gt=0, le=86_400)
+    poll_s: float = Field(default=5.0, gt=0, le=86_400)
+    health_hold_down_s: float = Field(default=5.0, ge=0, le=3600)
 
 
 class Settings(StrictModel):

@@ -1,9 +1,10 @@
 """The daemon: one asyncio.run, one TaskGroup, orderly shutdown on SIGTERM/SIGINT.
 
-Tasks: the kubelet dir watcher, the scan loop, and one server per resource (started by the
-manager). A task that fails unexpectedly brings the TaskGroup down and the daemon exits
-non-zero, so a supervisor restarts it; expected trouble (kubelet away, unwritable dirs,
-vanished devices) is handled where it happens and never ends the daemon.
+Tasks: the kubelet dir watcher, the scan loop (fed by udev events, see ``events``), and one
+server per resource (started by the manager). A task that fails unexpectedly brings the
+TaskGroup down and the daemon exits non-zero, so a supervisor restarts it; expected trouble
+(kubelet away, unwritable dirs, vanished devices) is handled where it happens and never ends
+the daemon.
 """
 
 from __future__ import annotations
@@ -12,16 +13,21 @@ import asyncio
 import contextlib
 import gc
 import signal
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from pathlib import Path
 
 import structlog
 
 from devplug.config import Settings
+from devplug.daemon.events import UDEV_CONTROL, MonitorOpener, UeventListener, choose_source
+from devplug.daemon.health import HealthGate
 from devplug.daemon.kubelet import KubeletDirWatcher
 from devplug.daemon.manager import Manager
-from devplug.daemon.scanning import ScanRunner
+from devplug.daemon.scanning import ScanRunner, event_subsystems
 from devplug.daemon.server import DEFAULT_TIMING, ServerTiming
+from devplug.model import DeviceTree
 from devplug.scanners.base import Scanner
+from devplug.scanners.udev import UdevEvent, UdevMonitor
 
 log = structlog.get_logger("devplug.daemon")
 
@@ -32,6 +38,9 @@ class Daemon:
         settings: Settings,
         scanners: Sequence[Scanner],
         timing: ServerTiming = DEFAULT_TIMING,
+        *,
+        monitor_opener: MonitorOpener = UdevMonitor,
+        udev_control: Path = UDEV_CONTROL,
     ) -> None:
         self.settings = settings
         self.scan_runner = ScanRunner(scanners)
@@ -40,15 +49,33 @@ class Daemon:
         self.stop_requested = asyncio.Event()
         self.manager: Manager | None = None
         self.first_scan_done = asyncio.Event()
+        hotplug = settings.hotplug
+        self.health = HealthGate(hotplug.health_hold_down_s)
+        self.listener = UeventListener(
+            choose_source(hotplug.source, udev_control),
+            event_subsystems(scanners),
+            self._wake_scan_loop,
+            monitor_opener,
+        )
+        # Counters for tests, benchmarks and (later) metrics.
+        self.full_scans = 0
+        self.incremental_scans = 0
         self._scan_lock = asyncio.Lock()
-        self._scan_requested = asyncio.Event()
+        self._wake = asyncio.Event()
+        self._full_scan_requested = False
+        self._raw = DeviceTree()
+        self._owners: Mapping[str, Scanner] = {}
 
     def request_stop(self) -> None:
         self.stop_requested.set()
 
     def request_scan(self) -> None:
-        """Ask the scan loop to scan now (SIGHUP); returns at once."""
-        self._scan_requested.set()
+        """Ask the scan loop for a full scan now (SIGHUP); returns at once."""
+        self._full_scan_requested = True
+        self._wake_scan_loop()
+
+    def _wake_scan_loop(self) -> None:
+        self._wake.set()
 
     async def run(self) -> None:
         log.info(
@@ -60,36 +87,84 @@ class Daemon:
             manager = Manager(self.settings.kubelet_dir, self.watcher, group, self.timing)
             self.manager = manager
             watcher = group.create_task(self.watcher.run(), name="kubelet-watcher")
-            scan_loop = group.create_task(self._scan_loop(manager), name="scan-loop")
-            await self.stop_requested.wait()
-            log.info("daemon.stopping")
-            # The scan loop first, so no scan applies a tree while servers shut down.
-            scan_loop.cancel()
-            await asyncio.wait({scan_loop})
-            watcher.cancel()
-            await manager.shutdown()
+            scan_loop = group.create_task(self._scan_loop(), name="scan-loop")
+            try:
+                await self.stop_requested.wait()
+                log.info("daemon.stopping")
+                # The scan loop first, so no scan applies a tree while servers shut down.
+                scan_loop.cancel()
+                await asyncio.wait({scan_loop})
+                watcher.cancel()
+                await manager.shutdown()
+            finally:
+                self.listener.close()
         log.info("daemon.stopped")
 
     async def rescan(self) -> None:
-        """Scan now and apply the result (tests, and the scan loop itself)."""
+        """Scan fully now and apply the result (tests, SIGHUP, the periodic resync)."""
+        await self._scan_and_apply(None)
+
+    async def _scan_and_apply(self, events: Sequence[UdevEvent] | None) -> None:
         if self.manager is None:
             raise RuntimeError("the daemon is not running")
         async with self._scan_lock:
-            result = await self.scan_runner.scan()
-            await self.manager.apply(result.tree, result.owners)
+            result = await self.scan_runner.scan(events)
+            self.full_scans += result.full
+            self.incremental_scans += result.incremental
+            self._raw, self._owners = result.tree, result.owners
+            await self.manager.apply(self.health.gate(self._raw), self._owners)
 
-    async def _scan_loop(self, manager: Manager) -> None:
-        interval = self.settings.hotplug.poll_s
+    async def _apply_health(self) -> None:
+        """Publish devices whose hold-down ended (no rescan: the scanners' view is current)."""
+        if self.manager is None:
+            raise RuntimeError("the daemon is not running")
+        async with self._scan_lock:
+            await self.manager.apply(self.health.gate(self._raw), self._owners)
+
+    def _resync_period(self) -> float:
+        hotplug = self.settings.hotplug
+        return hotplug.resync_s if self.listener.active else hotplug.poll_s
+
+    async def _scan_loop(self) -> None:
+        """Full scan, then: events -> incremental rescans; the resync period -> full scan.
+
+        The monitor opens before the first scan, so nothing that happens between the scan and
+        the first event read is missed. Nothing here wakes up unless an event, a signal, the
+        resync period or a health hold-down deadline calls for it.
+        """
+        loop = asyncio.get_running_loop()
+        coalesce_s = self.settings.hotplug.coalesce_ms / 1000
+        self.listener.open()
+        await self.rescan()
+        self.first_scan_done.set()
+        # The first tree and servers are long-lived: keep them out of GC passes.
+        gc.freeze()
+        next_full = loop.time() + self._resync_period()
         while True:
-            self._scan_requested.clear()
-            await self.rescan()
-            if not self.first_scan_done.is_set():
-                self.first_scan_done.set()
-                # The first tree and servers are long-lived: keep them out of GC passes.
-                gc.freeze()
+            deadline = next_full
+            health_due = self.health.next_deadline()
+            if health_due is not None:
+                # The gate's clock is time.monotonic, like the loop's.
+                deadline = min(deadline, health_due)
             with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(interval):
-                    await self._scan_requested.wait()
+                async with asyncio.timeout_at(deadline):
+                    await self._wake.wait()
+            if self._wake.is_set() and coalesce_s > 0 and not self._full_scan_requested:
+                # Events come in bursts (a card and its nodes, a driver binding): let the burst
+                # finish so it costs one rescan.
+                await asyncio.sleep(coalesce_s)
+            self._wake.clear()
+            batch = self.listener.take()
+            if self._full_scan_requested or batch.overflowed or loop.time() >= next_full:
+                self._full_scan_requested = False
+                if not self.listener.active:
+                    self.listener.open()
+                await self.rescan()
+                next_full = loop.time() + self._resync_period()
+            elif batch.events:
+                await self._scan_and_apply(batch.events)
+            else:
+                await self._apply_health()
 
 
 async def run_until_signalled(daemon: Daemon) -> None:

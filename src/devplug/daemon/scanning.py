@@ -3,6 +3,10 @@
 Scanners are synchronous and may take long on big hosts, so a scan runs in a worker thread
 (``asyncio.to_thread``). A scanner that raises keeps its previous result (a transient sysfs
 error must not drop a resource's capacity); the failure is logged with its reason.
+
+After udev events, only the scanners the events may concern run: an
+:class:`~devplug.scanners.base.IncrementalScanner` updates its previous tree from the events,
+any other scanner scans fully.
 """
 
 from __future__ import annotations
@@ -17,8 +21,8 @@ import structlog
 
 from devplug.errors import ScanCancelled
 from devplug.model import DeviceTree
-from devplug.scanners.base import Scanner
-from devplug.scanners.udev import UdevSource
+from devplug.scanners.base import IncrementalScanner, Scanner
+from devplug.scanners.udev import UdevEvent, UdevSource
 
 log = structlog.get_logger("devplug.scan")
 
@@ -29,22 +33,59 @@ class ScanResult:
     # resource -> the scanner that produced it (its hooks serve that resource)
     owners: Mapping[str, Scanner] = field(default_factory=dict)
     duration_s: float = 0.0
+    # How many scanners ran a full scan and how many an incremental one.
+    full: int = 0
+    incremental: int = 0
+
+
+def event_subsystems(scanners: Sequence[Scanner]) -> frozenset[str] | None:
+    """The subsystems whose events concern any of ``scanners`` (None: all of them)."""
+    wanted: set[str] = set()
+    for scanner in scanners:
+        subsystems = scanner.subsystems if isinstance(scanner, IncrementalScanner) else None
+        if subsystems is None:
+            return None
+        wanted |= subsystems
+    return frozenset(wanted)
 
 
 class ScanRunner:
     def __init__(self, scanners: Sequence[Scanner]) -> None:
         self.scanners = tuple(scanners)
         self._last: dict[int, DeviceTree] = {}
+        # Protocol isinstance checks are slow: resolve once.
+        self._incremental = {
+            index: scanner
+            for index, scanner in enumerate(self.scanners)
+            if isinstance(scanner, IncrementalScanner)
+        }
 
-    def scan_blocking(self, cancelled: threading.Event | None = None) -> ScanResult:
-        """Run every scanner once (blocking; call it from a worker thread)."""
+    def scan_blocking(
+        self,
+        cancelled: threading.Event | None = None,
+        events: Sequence[UdevEvent] | None = None,
+    ) -> ScanResult:
+        """Run the scanners (blocking; call it from a worker thread).
+
+        Without ``events`` every scanner scans fully. With them, an incremental scanner that
+        has a previous tree updates it from the events; the others scan fully.
+        """
         started = time.perf_counter()
         source = UdevSource(cancelled)
         merged = DeviceTree()
         owners: dict[str, Scanner] = {}
+        full = incremental = 0
         for index, scanner in enumerate(self.scanners):
             try:
-                tree = scanner.scan(source)
+                tree: DeviceTree | None = None
+                previous = self._last.get(index)
+                incremental_scanner = self._incremental.get(index)
+                if events is not None and incremental_scanner is not None and previous is not None:
+                    tree = incremental_scanner.rescan(source, previous, events)
+                    incremental += tree is not None
+                if tree is None:
+                    tree = scanner.scan(source)
+                    full += 1
             except ScanCancelled:
                 raise
             except Exception:
@@ -65,12 +106,12 @@ class ScanRunner:
                 tree = DeviceTree({k: v for k, v in tree.items() if k not in clash})
             merged = merged.merged(tree)
             owners.update(dict.fromkeys(tree, scanner))
-        return ScanResult(merged, owners, time.perf_counter() - started)
+        return ScanResult(merged, owners, time.perf_counter() - started, full, incremental)
 
-    async def scan(self) -> ScanResult:
+    async def scan(self, events: Sequence[UdevEvent] | None = None) -> ScanResult:
         cancelled = threading.Event()
         try:
-            result = await asyncio.to_thread(self.scan_blocking, cancelled)
+            result = await asyncio.to_thread(self.scan_blocking, cancelled, events)
         except asyncio.CancelledError:
             # The thread cannot be interrupted; tell it to stop at the next device, so that
             # shutdown (which waits for worker threads) is not held up by a long scan.
@@ -80,6 +121,9 @@ class ScanRunner:
             "scan.complete",
             resources=len(result.tree),
             devices=result.tree.device_count(),
+            events=None if events is None else len(events),
+            full=result.full,
+            incremental=result.incremental,
             ms=round(result.duration_s * 1000, 1),
         )
         return result

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Protocol, runtime_checkable
 from devplug.model import ContainerAllocation, DeviceInfo, DeviceTree
 
 if TYPE_CHECKING:
-    from devplug.scanners.udev import UdevSource
+    from devplug.scanners.udev import UdevEvent, UdevSource
 
 
 @runtime_checkable
@@ -29,6 +29,30 @@ class Scanner(Protocol):
     name: str
 
     def scan(self, source: UdevSource) -> DeviceTree: ...
+
+
+@runtime_checkable
+class IncrementalScanner(Protocol):
+    """A scanner that can update its previous tree from udev events instead of a full scan.
+
+    A full scan of a big host takes hundreds of milliseconds; an event names the few devices
+    that changed. ``subsystems`` are the subsystems whose events may change the scanner's
+    devices (None: any), used to filter the event socket. ``rescan`` gets the scanner's
+    previous tree and a batch of events, re-reads the devices they name from sysfs (the events
+    are hints, not state), and returns the whole new tree, or None to ask for a full scan.
+    Scanners without this protocol are fully rescanned on every batch of events.
+    """
+
+    name: str
+
+    @property
+    def subsystems(self) -> frozenset[str] | None: ...
+
+    def scan(self, source: UdevSource) -> DeviceTree: ...
+
+    def rescan(
+        self, source: UdevSource, previous: DeviceTree, events: Sequence[UdevEvent]
+    ) -> DeviceTree | None: ...
 
 
 @runtime_checkable

@@ -5,6 +5,10 @@ matches and has a device node becomes a device of that resource, advertised only
 exists. Ids come from the node path below /dev ("ttyUSB0", "dri_card0"), or from a udev
 property named by ``id_property`` (e.g. ``ID_PATH``, stable across renumbering), sanitised to
 the id alphabet; with ``shares: N`` each device gets the ids ``<id>-0`` .. ``<id>-<N-1>``.
+
+Health: a device already advertised whose node disappears while its sysfs entry stays is
+reported Unhealthy ("device node ... is missing") until the node is back; a device whose sysfs
+entry goes, or that no longer matches (e.g. its DRIVER changed), leaves the list.
 """
 
 from __future__ import annotations
@@ -18,9 +22,10 @@ from pydantic import Field, ValidationError, field_validator, model_validator
 
 from devplug.config import StrictModel, config_error
 from devplug.errors import ConfigError
-from devplug.model import DeviceInfo, DeviceNode, DeviceTree, DeviceTreeBuilder
+from devplug.model import DeviceInfo, DeviceNode, DeviceTree, DeviceTreeBuilder, Health
 from devplug.naming import MAX_DEVICE_ID, sanitize_device_id, validate_resource_name
-from devplug.scanners.udev import UdevDevice, UdevSource
+from devplug.scanners.incremental import TouchedPaths, split_previous
+from devplug.scanners.udev import UdevDevice, UdevEvent, UdevSource
 
 log = structlog.get_logger("devplug.scanners.generic")
 
@@ -70,6 +75,12 @@ class GenericEntry(StrictModel):
         return validate_resource_name(value)
 
 
+def _keys(tree: DeviceTree) -> frozenset[tuple[str, str]]:
+    return frozenset(
+        (resource, device_id) for resource, devices in tree.items() for device_id in devices
+    )
+
+
 def _matches(device: UdevDevice, node: str, match: GenericMatch) -> bool:
     if match.devnode is not None and not fnmatch.fnmatchcase(node, match.devnode):
         return False
@@ -91,6 +102,9 @@ class GenericScanner:
 
     def __init__(self, entries: Sequence[GenericEntry]) -> None:
         self.entries = tuple(entries)
+        # (resource, first id) of the devices in the last tree: a device whose node vanishes is
+        # reported unhealthy rather than silently dropped, which tells the kubelet why.
+        self._advertised: frozenset[tuple[str, str]] = frozenset()
 
     @classmethod
     def from_config(cls, raw: Any, field: str = "scanners.generic") -> GenericScanner:
@@ -114,41 +128,80 @@ class GenericScanner:
             seen.add(entry.resource)
         return cls(entries)
 
+    @property
+    def subsystems(self) -> frozenset[str] | None:
+        """Subsystems whose events matter; None (everything) if an entry matches by node only."""
+        names = {entry.match.subsystem for entry in self.entries}
+        if None in names:
+            return None
+        return frozenset(name for name in names if name is not None)
+
     def scan(self, source: UdevSource) -> DeviceTree:
         builder = DeviceTreeBuilder()
         for entry in self.entries:
-            self._scan_entry(source, entry, builder)
-        return builder.build()
+            # Exact-match properties are pushed down to libudev; globs are checked here.
+            exact = {
+                k: v for k, v in entry.match.properties.items() if not any(c in v for c in "*?[")
+            }
+            for device in source.devices(entry.match.subsystem, exact):
+                self._add_device(source, entry, device, builder)
+        tree = builder.build()
+        self._advertised = _keys(tree)
+        return tree
 
-    def _scan_entry(
-        self, source: UdevSource, entry: GenericEntry, builder: DeviceTreeBuilder
+    def rescan(
+        self, source: UdevSource, previous: DeviceTree, events: Sequence[UdevEvent]
+    ) -> DeviceTree | None:
+        """Re-read the devices the events name (and those built from touched paths)."""
+        touched = TouchedPaths(event.sys_path for event in events)
+        builder, stale = split_previous(previous, touched)
+        self._advertised = _keys(previous)
+        for path in sorted(touched.paths | stale):
+            device = source.device(path)
+            if device is None:
+                continue  # gone: its devices stay out of the tree
+            subsystem = device.subsystem
+            for entry in self.entries:
+                if entry.match.subsystem in (None, subsystem):
+                    self._add_device(source, entry, device, builder)
+        tree = builder.build()
+        self._advertised = _keys(tree)
+        return tree
+
+    def _add_device(
+        self,
+        source: UdevSource,
+        entry: GenericEntry,
+        device: UdevDevice,
+        builder: DeviceTreeBuilder,
     ) -> None:
+        node = device.device_node
+        if node is None or not _matches(device, node, entry.match):
+            return
         suffix = len(str(entry.shares - 1)) + 1 if entry.shares > 1 else 0
-        # Exact-match properties are pushed down to libudev; globs are checked here.
-        exact = {k: v for k, v in entry.match.properties.items() if not any(c in v for c in "*?[")}
-        for device in source.devices(entry.match.subsystem, exact):
-            node = device.device_node
-            if node is None or not _matches(device, node, entry.match):
-                continue
-            if not source.node_exists(node):
+        base = self._base_id(device, node, entry, MAX_DEVICE_ID - suffix)
+        ids = [base] if entry.shares == 1 else [f"{base}-{i}" for i in range(entry.shares)]
+        if (entry.resource, ids[0]) in builder:
+            log.warning("generic.duplicate_id", resource=entry.resource, device_id=base, node=node)
+            return
+        health, reason = Health.HEALTHY, ""
+        if not source.node_exists(node):
+            if (entry.resource, ids[0]) not in self._advertised:
                 # Never advertise a device before its node exists.
                 log.debug("generic.node_missing", resource=entry.resource, node=node)
-                continue
-            base = self._base_id(device, node, entry, MAX_DEVICE_ID - suffix)
-            ids = [base] if entry.shares == 1 else [f"{base}-{i}" for i in range(entry.shares)]
-            if (entry.resource, ids[0]) in builder:
-                log.warning(
-                    "generic.duplicate_id", resource=entry.resource, device_id=base, node=node
-                )
-                continue
-            numa = source.numa_node(device)
-            info = DeviceInfo(
-                nodes=(DeviceNode(node, node, entry.permissions),),
-                numa_nodes=() if numa is None else (numa,),
-                sources=(device.sys_path,),
-            )
-            for device_id in ids:
-                builder.add(entry.resource, device_id, info)
+                return
+            # Known, still in sysfs, but its node is gone: unhealthy until the node is back.
+            health, reason = Health.UNHEALTHY, f"device node {node} is missing"
+        numa = source.numa_node(device)
+        info = DeviceInfo(
+            health=health,
+            health_reason=reason,
+            nodes=(DeviceNode(node, node, entry.permissions),),
+            numa_nodes=() if numa is None else (numa,),
+            sources=(device.sys_path,),
+        )
+        for device_id in ids:
+            builder.add(entry.resource, device_id, info)
 
     @staticmethod
     def _base_id(device: UdevDevice, node: str, entry: GenericEntry, max_length: int) -> str:

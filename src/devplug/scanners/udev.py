@@ -8,10 +8,13 @@ to a validated basename.
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import os
 import stat
 import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass
 from types import MappingProxyType
 
 import pyudev
@@ -268,3 +271,109 @@ class UdevSource:
         except OSError:
             return False
         return stat.S_ISCHR(mode) or stat.S_ISBLK(mode)
+
+
+# ---------------------------------------------------------------------------------- events
+
+# Kernel uevent actions; anything else on the socket is ignored.
+UEVENT_ACTIONS = frozenset(
+    {"add", "remove", "change", "move", "online", "offline", "bind", "unbind"}
+)
+# How much the kernel may queue for us before it drops events (ENOBUFS). Raising it above
+# net.core.rmem_max needs CAP_NET_ADMIN; without it the default stays and overflow is handled.
+MONITOR_BUFFER_BYTES = 8 * 1024 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class UdevEvent:
+    """What a uevent said happened. A hint of where to look, never trusted as device state:
+    scanners re-read the device from sysfs."""
+
+    action: str
+    sys_path: str
+    subsystem: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class ReceivedEvents:
+    events: tuple[UdevEvent, ...]
+    # True when the kernel dropped events because our socket was full (ENOBUFS): what happened
+    # in between is unknown, so everything must be rescanned.
+    overflowed: bool = False
+    # True when the read stopped at ``limit`` with more possibly waiting.
+    more: bool = False
+
+
+def _is_sys_device_path(path: str) -> bool:
+    return (
+        path.startswith("/sys/devices/")
+        and "\0" not in path
+        and ".." not in path.split("/")
+        and os.path.normpath(path) == path
+    )
+
+
+class UdevMonitor:
+    """A non-blocking udev/kernel event socket (pyudev.Monitor), for ``loop.add_reader``.
+
+    ``subsystems`` installs libudev's socket filter, so events of other subsystems never wake
+    the daemon; None receives everything.
+    """
+
+    def __init__(self, source: str, subsystems: Iterable[str] | None = None) -> None:
+        if source not in ("udev", "kernel"):
+            raise ValueError(f"monitor source must be 'udev' or 'kernel', got {source!r}")
+        self.source = source
+        self._monitor: pyudev.Monitor | None = pyudev.Monitor.from_netlink(pyudev.Context(), source)
+        for subsystem in sorted(subsystems or ()):
+            self._monitor.filter_by(subsystem)
+        self._monitor.start()
+        with contextlib.suppress(OSError):
+            self._monitor.set_receive_buffer_size(MONITOR_BUFFER_BYTES)
+
+    def fileno(self) -> int:
+        if self._monitor is None:
+            raise ValueError("monitor is closed")
+        return int(self._monitor.fileno())
+
+    def _receive_one(self) -> pyudev.Device | None:
+        """One event, or None when the socket is empty (raises OSError on socket errors)."""
+        if self._monitor is None:
+            return None
+        # Not the public poll(): it turns the socket's pending error (POLLERR, which is how
+        # ENOBUFS shows) into an OSError without errno, losing the one fact that matters here.
+        # The socket is non-blocking (start() set it), so this returns None when it is empty.
+        device: pyudev.Device | None = self._monitor._receive_device()
+        return device
+
+    def receive(self, limit: int) -> ReceivedEvents:
+        """Read up to ``limit`` waiting events without blocking.
+
+        ENOBUFS (the kernel dropped events) is reported, not raised; other socket errors raise
+        OSError and the monitor should be closed.
+        """
+        events: list[UdevEvent] = []
+        overflowed = False
+        while len(events) < limit:
+            try:
+                device = self._receive_one()
+            except OSError as exc:
+                if exc.errno != errno.ENOBUFS:
+                    raise
+                overflowed = True
+                continue
+            if device is None:
+                return ReceivedEvents(tuple(events), overflowed)
+            action = device.action
+            sys_path = str(device.sys_path)
+            if action not in UEVENT_ACTIONS or not _is_sys_device_path(sys_path):
+                continue
+            subsystem = device.subsystem
+            events.append(
+                UdevEvent(str(action), sys_path, None if subsystem is None else str(subsystem))
+            )
+        return ReceivedEvents(tuple(events), overflowed, more=True)
+
+    def close(self) -> None:
+        # pyudev closes the socket when the last reference to its monitor goes.
+        self._monitor = None

@@ -55,11 +55,12 @@ class StaticScanner:
 def daemon_settings(
     kubelet_dir: Path, cdi_dir: Path | None = None, **overrides: object
 ) -> Settings:
-    """Settings for an in-test daemon: no periodic rescans unless the test asks for them."""
+    """Settings for an in-test daemon: no udev events and no periodic rescans unless the test
+    asks for them (``hotplug=HotplugSettings(...)``)."""
     values: dict[str, object] = {
         "kubelet_dir": kubelet_dir,
         "cdi_dir": cdi_dir or kubelet_dir.parent / "cdi",
-        "hotplug": HotplugSettings(poll_s=3600),
+        "hotplug": HotplugSettings(source="none", poll_s=3600, resync_s=3600),
     }
     values.update(overrides)
     return Settings.model_validate(values)

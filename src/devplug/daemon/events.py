@@ -1,0 +1,162 @@
+"""udev events for the scan loop: a monitor socket read through ``loop.add_reader``, batched.
+
+No thread waits on the socket: the event loop's selector wakes the reader when datagrams
+arrive, the reader drains them into a pending batch (one entry per sysfs path, the newest
+action wins) and tells the scan loop, which coalesces for a few milliseconds, takes the batch
+and rescans what it names. When the kernel drops events (ENOBUFS) the batch is marked
+overflowed and the scan loop rescans everything. A monitor that cannot be opened, or that
+fails, is not fatal: the daemon polls instead and tries to open it again at every poll.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+import structlog
+
+from devplug.scanners.udev import UdevEvent, UdevMonitor
+
+log = structlog.get_logger("devplug.events")
+
+UDEV_CONTROL = Path("/run/udev/control")
+# Datagrams read per wake-up; more wait for the next one, so a storm cannot hog the loop.
+MAX_EVENTS_PER_READ = 256
+# Beyond this many distinct pending paths, a full rescan is cheaper than remembering them.
+MAX_PENDING_PATHS = 20_000
+
+MonitorSource = Literal["udev", "kernel"]
+MonitorOpener = Callable[[MonitorSource, frozenset[str] | None], UdevMonitor]
+
+
+def choose_source(setting: str, udev_control: Path = UDEV_CONTROL) -> MonitorSource | None:
+    """The monitor source for ``hotplug.source``; None means no events (polling only).
+
+    ``auto`` takes udevd's events when udevd runs (they come after its rules created nodes and
+    links); without udevd (many containers) a udev monitor would open and never hear
+    anything, so it takes the kernel's.
+    """
+    if setting == "none":
+        return None
+    if setting == "auto":
+        return "udev" if udev_control.exists() else "kernel"
+    if setting in ("udev", "kernel"):
+        return "udev" if setting == "udev" else "kernel"
+    raise ValueError(f"unknown hotplug source {setting!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class EventBatch:
+    events: tuple[UdevEvent, ...] = ()
+    # Events were lost (socket overflow, monitor failure): rescan everything.
+    overflowed: bool = False
+
+    def __bool__(self) -> bool:
+        return bool(self.events) or self.overflowed
+
+
+class UeventListener:
+    def __init__(
+        self,
+        source: MonitorSource | None,
+        subsystems: frozenset[str] | None,
+        on_pending: Callable[[], None],
+        opener: MonitorOpener = UdevMonitor,
+    ) -> None:
+        self.source = source
+        self.subsystems = subsystems
+        self._on_pending = on_pending
+        self._opener = opener
+        self._monitor: UdevMonitor | None = None
+        self._fd = -1
+        self._pending: dict[str, UdevEvent] = {}
+        self._overflowed = False
+        self._open_failure: str | None = None
+        self.received = 0
+        self.overflows = 0
+
+    @property
+    def active(self) -> bool:
+        return self._monitor is not None
+
+    def open(self) -> bool:
+        """Open the monitor if it is not open; True if events are being received."""
+        if self._monitor is not None:
+            return True
+        if self.source is None:
+            return False
+        try:
+            monitor = self._opener(self.source, self.subsystems)
+            fd = monitor.fileno()
+            asyncio.get_running_loop().add_reader(fd, self._on_readable)
+        except (OSError, ValueError) as exc:
+            problem = str(exc) or type(exc).__name__
+            if problem != self._open_failure:
+                log.error(
+                    "udev.monitor.unavailable",
+                    source=self.source,
+                    error=problem,
+                    fallback="polling; will retry opening the monitor at every poll",
+                )
+                self._open_failure = problem
+            return False
+        self._monitor, self._fd = monitor, fd
+        self._open_failure = None
+        log.info(
+            "udev.monitor.listening",
+            source=self.source,
+            subsystems="all" if self.subsystems is None else sorted(self.subsystems),
+        )
+        return True
+
+    def close(self) -> None:
+        monitor, self._monitor = self._monitor, None
+        if monitor is None:
+            return
+        asyncio.get_running_loop().remove_reader(self._fd)
+        monitor.close()
+        self._fd = -1
+
+    def take(self) -> EventBatch:
+        """The events received since the last call (and whether some were lost)."""
+        batch = EventBatch(tuple(self._pending.values()), self._overflowed)
+        self._pending = {}
+        self._overflowed = False
+        return batch
+
+    def _on_readable(self) -> None:
+        monitor = self._monitor
+        if monitor is None:
+            return
+        try:
+            received = monitor.receive(MAX_EVENTS_PER_READ)
+        except OSError as exc:
+            log.error(
+                "udev.monitor.failed",
+                source=self.source,
+                error=str(exc),
+                fallback="full rescan, then polling until the monitor reopens",
+            )
+            self.close()
+            self._overflowed = True
+            self._on_pending()
+            return
+        if received.overflowed:
+            self.overflows += 1
+            log.warning(
+                "udev.monitor.overflow",
+                source=self.source,
+                consequence="events were lost; rescanning everything",
+            )
+            self._overflowed = True
+        self.received += len(received.events)
+        for event in received.events:
+            self._pending[event.sys_path] = event
+        if len(self._pending) > MAX_PENDING_PATHS:
+            self._pending = {}
+            self._overflowed = True
+        if received.events or received.overflowed:
+            self._on_pending()
