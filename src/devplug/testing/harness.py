@@ -17,11 +17,12 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from pathlib import Path
 
 from devplug.config import HotplugSettings, Settings
+from devplug.daemon.events import MonitorOpener
 from devplug.daemon.runner import Daemon
 from devplug.daemon.server import ServerTiming
 from devplug.model import DeviceInfo, DeviceTree
 from devplug.scanners.base import Scanner
-from devplug.scanners.udev import UdevSource
+from devplug.scanners.udev import UdevMonitor, UdevSource
 
 # Short waits so tests finish quickly; the logic is the same as on a node.
 FAST_TIMING = ServerTiming(
@@ -68,10 +69,17 @@ def daemon_settings(
 
 @contextlib.asynccontextmanager
 async def running_daemon(
-    settings: Settings, scanners: Sequence[Scanner], *, timing: ServerTiming = FAST_TIMING
+    settings: Settings,
+    scanners: Sequence[Scanner],
+    *,
+    timing: ServerTiming = FAST_TIMING,
+    monitor_opener: MonitorOpener = UdevMonitor,
 ) -> AsyncIterator[Daemon]:
-    """Start the daemon, wait for its first scan, yield it; stop it (and check it stopped) after."""
-    daemon = Daemon(settings, scanners, timing)
+    """Start the daemon, wait for its first scan, yield it; stop it (and check it stopped) after.
+
+    ``monitor_opener`` replaces how the udev monitor is opened (to test its failures).
+    """
+    daemon = Daemon(settings, scanners, timing, monitor_opener=monitor_opener)
     task = asyncio.create_task(daemon.run(), name="devplug-daemon")
     first = asyncio.create_task(daemon.first_scan_done.wait())
     try:

@@ -417,6 +417,29 @@ class UmockdevHost:
             os.replace(tmp, link)
         self.set_property(dev.sys_path, "DRIVER", driver)
 
+    def set_node_present(self, sys_path: str, present: bool) -> None:
+        """Delete (or re-create) a device's /dev node while its sysfs entry stays.
+
+        What a node vanishing under a live device looks like (a driver hiccup, someone
+        deleting it); sends no event: emit ``change`` yourself.
+        """
+        dev = self._known(sys_path)
+        if dev.node is None:
+            raise ValueError(f"{dev.sys_path} has no device node")
+        rel = dev.node.relative_path
+        path, meta = self._dev_host(rel), self._node_meta(rel)
+        if not present:
+            for entry in (path, meta):
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(entry)
+            return
+        if os.path.lexists(path):
+            return
+        _write(path, b"")
+        os.chmod(path, 0o1660 if dev.node.kind == "b" else 0o660)
+        with contextlib.suppress(FileExistsError):
+            os.symlink(f"{dev.node.major}:{dev.node.minor}", meta)
+
     def remove_device(self, sys_path: str) -> list[str]:
         """Remove a device and its descendants; return their sys paths, children first.
 
