@@ -145,16 +145,15 @@ def test_flapping_is_never_published_healthy_before_a_full_hold_down(
         clock.now += 0.5
         assert published(gate.gate(raw_unhealthy), "a").health is Health.UNHEALTHY
         assert gate.next_deadline() is None
-        recovered_at = clock.now + 0.25
-        # Healthy stretches of up to 9.25 s, each shorter than the hold-down, polled often.
-        stretch = 1.0 + (flap % 9)
-        for tick in (0.25, stretch / 2, stretch - 0.5, stretch - 0.75):
-            clock.now = recovered_at + tick - 0.25 if tick != 0.25 else recovered_at
+        clock.now += 0.5
+        recovered_at = clock.now
+        stretch = 1.0 + flap % 9  # 1 to 9 s of health: always shorter than the hold-down
+        for elapsed in (0.0, stretch / 2, stretch):
+            clock.now = recovered_at + elapsed
             out = gate.gate(raw_healthy)
-            assert published(out, "a").health is Health.UNHEALTHY, (flap, tick)
+            assert published(out, "a").health is Health.UNHEALTHY, (flap, elapsed)
             assert "held down" in published(out, "a").health_reason
             assert gate.next_deadline() == recovered_at + HOLD_DOWN
-        clock.now = recovered_at + stretch
     # Now healthy for good: held until a whole hold-down has passed since the last flap.
     clock.now += 0.5
     gate.gate(raw_unhealthy)
@@ -203,9 +202,7 @@ def test_devices_are_held_independently(gate: HealthGate, clock: FakeClock) -> N
     assert gate.next_deadline() is None
 
 
-def test_same_device_id_in_two_resources_is_two_devices(
-    gate: HealthGate, clock: FakeClock
-) -> None:
+def test_same_device_id_in_two_resources_is_two_devices(gate: HealthGate, clock: FakeClock) -> None:
     other = "example.com/other"
     gate.gate(DeviceTree({RESOURCE: {"a": unhealthy()}, other: {"a": healthy()}}))
     clock.now += 1

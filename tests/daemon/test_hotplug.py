@@ -11,7 +11,7 @@ import asyncio
 import errno
 import random
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +47,13 @@ def hotplug(**overrides: Any) -> HotplugSettings:
     }
     values.update(overrides)
     return HotplugSettings(**values)
+
+
+async def eventually(condition: Callable[[], bool], timeout: float = 5.0) -> None:
+    """Wait until ``condition()`` holds (state owned by the daemon, with no event to await)."""
+    async with asyncio.timeout(timeout):
+        while not condition():  # noqa: ASYNC110 - the daemon exposes counters, not events
+            await asyncio.sleep(0.005)
 
 
 def ids(listed: dict[str, ListedDevice]) -> set[str]:
@@ -150,9 +157,7 @@ async def test_last_device_removed_sends_an_empty_list_and_the_socket_goes(
     async with asyncio.timeout(5):
         await session.stream_ended.wait()
     assert RENDER not in daemon.manager.servers
-    async with asyncio.timeout(5):
-        while socket_path.exists():  # the server task is finishing its clean-up
-            await asyncio.sleep(0.01)
+    await eventually(lambda: not socket_path.exists())
     # The other resource is untouched and still served.
     serial = await kubelet.wait_for_plugin(SERIAL)
     assert ids(serial.latest) == {"ttyUSB0"}
@@ -191,9 +196,7 @@ async def test_a_device_is_advertised_only_once_its_node_exists(
     host.set_node_present(late, False)
     scans = daemon.incremental_scans
     await host.emit_async("add", late)
-    async with asyncio.timeout(5):
-        while daemon.incremental_scans == scans:
-            await asyncio.sleep(0.01)
+    await eventually(lambda: daemon.incremental_scans > scans)
     before = len(session.updates)
     host.set_node_present(late, True)
     await host.emit_async("change", late)
@@ -216,9 +219,7 @@ async def test_health_goes_both_ways_and_recovery_is_held_down(
         scans = daemon.incremental_scans
         host.set_node_present(tty, present)
         await host.emit_async("change", tty)
-        async with asyncio.timeout(5):
-            while daemon.incremental_scans == scans:
-                await asyncio.sleep(0.005)
+        await eventually(lambda: daemon.incremental_scans > scans)
 
     await node(False)
     first_bad = len(session.updates) - 1
@@ -362,9 +363,7 @@ async def test_without_a_monitor_the_daemon_polls_and_retries_the_monitor(
     assert polls >= 2
 
     # The third attempt opens the monitor (then scans fully); from then on events are used.
-    async with asyncio.timeout(5):
-        while daemon.full_scans < 3:
-            await asyncio.sleep(0.02)
+    await eventually(lambda: daemon.full_scans >= 3)
     assert daemon.listener.active
     assert opener.calls == 3
     seen = len(session.updates)
@@ -421,11 +420,8 @@ async def test_a_failing_monitor_is_closed_then_reopened_by_polling(
     await session.wait_for_update(lambda listed: ids(listed) == {"ttyUSB0"})
     _OverflowingMonitor.fail_next = True
     await host.emit_async("change", host.devices[0])
-    async with asyncio.timeout(5):
-        while daemon.full_scans < 2:
-            await asyncio.sleep(0.02)
-        while not daemon.listener.active:
-            await asyncio.sleep(0.02)
+    await eventually(lambda: daemon.full_scans >= 2)
+    await eventually(lambda: daemon.listener.active)
     add_usb_serial(host, index=1)
     await host.emit_async("add", host.devices[-1])
     await session.wait_for_update(lambda listed: ids(listed) == {"ttyUSB0", "ttyUSB1"})
