@@ -22,10 +22,10 @@ from devplug.testing import daemon_process as testing_daemon_process
 from devplug.testing.umockdev import UmockdevHost, add_intel_gpu, preload_active
 
 RENDER_RESOURCE = "example.com/render"
-# Far above the card minors, so 1,000 mock GPUs never clash (real hosts use 128+).
-RENDER_MINOR_BASE = 10000
+# Far above the card minors, so even 10,000 mock GPUs never clash (real hosts use 128+).
+RENDER_MINOR_BASE = 100_000
 RENDER_CONFIG = f"""
-hotplug: {{poll_s: 3600}}
+hotplug: {{source: kernel, resync_s: 3600, poll_s: 3600}}
 scanners:
   generic:
     - resource: {RENDER_RESOURCE}
@@ -39,14 +39,14 @@ def require_preload() -> None:
 
 
 @contextlib.contextmanager
-def scratch_dir() -> Iterator[Path]:
+def scratch_dir(size: str = "1g") -> Iterator[Path]:
     """A short scratch dir, on a tmpfs when we may mount one (symlink-heavy testbeds are slow
     to build on this machine's disk: ~2,000 symlinks/s against ~150,000/s on tmpfs)."""
     path = Path(tempfile.mkdtemp(prefix="dpb-", dir="/tmp"))
     mounted = (
         os.geteuid() == 0
         and subprocess.run(
-            ["mount", "-t", "tmpfs", "-o", "size=1g", "tmpfs", str(path)],
+            ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)],
             capture_output=True,
             check=False,
         ).returncode
@@ -60,18 +60,29 @@ def scratch_dir() -> Iterator[Path]:
         shutil.rmtree(path, ignore_errors=True)
 
 
+def gpu_address(index: int) -> str:
+    """A distinct PCI address per index (8 functions x 32 slots per bus: 65,280 fit)."""
+    bus, rest = divmod(index, 256)
+    slot, function = divmod(rest, 8)
+    return f"0000:{bus + 1:02x}:{slot:02x}.{function}"
+
+
+def add_gpu(host: UmockdevHost, index: int) -> str:
+    """Mock GPU number ``index`` (card minor ``index``, render minor above the cards)."""
+    return add_intel_gpu(
+        host,
+        gpu_address(index),
+        card=index,
+        render=RENDER_MINOR_BASE + index,
+        numa_node=index % 2,
+    )
+
+
 def gpu_host(root: Path, count: int) -> UmockdevHost:
     """``count`` Intel GPUs, each a PCI function with card and render nodes."""
     host = UmockdevHost(root)
     for index in range(count):
-        bus, slot = divmod(index, 32)
-        add_intel_gpu(
-            host,
-            f"0000:{bus + 1:02x}:{slot:02x}.0",
-            card=index,
-            render=RENDER_MINOR_BASE + index,
-            numa_node=index % 2,
-        )
+        add_gpu(host, index)
     return host
 
 

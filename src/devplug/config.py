@@ -48,7 +48,7 @@ class HotplugSettings(StrictModel):
     """
 
     source: HotplugSource = "auto"
-    coalesce_ms: float = Field(default=5.0, ge=0, le=10_000)
+    coalesce_ms: float = Field(default=3.0, ge=0, le=10_000)
     resync_s: float = Field(default=60.0, gt=0, le=86_400)
     poll_s: float = Field(default=5.0, gt=0, le=86_400)
     health_hold_down_s: float = Field(default=5.0, ge=0, le=3600)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import enum
 import os
 import posixpath
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
@@ -204,6 +204,36 @@ class DeviceTree(Mapping[str, Mapping[str, DeviceInfo]]):
 
     def device_count(self) -> int:
         return sum(len(devices) for devices in self._resources.values())
+
+    def with_changes(
+        self,
+        removed: Iterable[tuple[str, str]],
+        added: Mapping[str, Mapping[str, DeviceInfo]],
+    ) -> DeviceTree:
+        """This tree without the ``removed`` (resource, id) pairs, plus ``added`` devices.
+
+        Only the added devices are validated (the rest were when this tree was built), which
+        keeps an incremental update of a big tree proportional to the change. An added id that
+        is already present (and not removed) raises ValueError.
+        """
+        resources = {name: dict(devices) for name, devices in self._resources.items()}
+        for resource, device_id in removed:
+            resources.get(resource, {}).pop(device_id, None)
+        for resource, devices in added.items():
+            validate_resource_name(resource)
+            target = resources.setdefault(resource, {})
+            for device_id, info in devices.items():
+                validate_device_id(device_id)
+                if not isinstance(info, DeviceInfo):
+                    raise TypeError(f"{resource}/{device_id}: expected DeviceInfo, got {info!r}")
+                if device_id in target:
+                    raise ValueError(f"duplicate device id {device_id!r} in resource {resource!r}")
+                target[device_id] = info
+        tree = DeviceTree.__new__(DeviceTree)
+        tree._resources = MappingProxyType(
+            {name: MappingProxyType(devices) for name, devices in resources.items() if devices}
+        )
+        return tree
 
     def merged(self, other: DeviceTree) -> DeviceTree:
         """This tree plus ``other``'s resources; a resource in both raises ValueError."""

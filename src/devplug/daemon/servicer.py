@@ -20,7 +20,7 @@ import structlog
 from devplug._proto import deviceplugin_v1beta1_pb2 as pb
 from devplug._proto import deviceplugin_v1beta1_pb2_grpc as pb_grpc
 from devplug.daemon.allocation import check_request, default_allocation, default_preferred
-from devplug.daemon.convert import container_response, list_message
+from devplug.daemon.convert import ListMessageBuilder, container_response
 from devplug.daemon.values import LatestValue
 from devplug.errors import AllocationError
 from devplug.model import ContainerAllocation, DeviceInfo
@@ -83,6 +83,7 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
         self._answers_for: DeviceMap | None = None
         # The ListAndWatch message of the current snapshot, shared by every open stream.
         self._listed: tuple[DeviceMap, pb.ListAndWatchResponse] | None = None
+        self._list_builder = ListMessageBuilder()
         self.active_streams = 0
         self.idle = asyncio.Event()  # set while no ListAndWatch stream is open
         self.idle.set()
@@ -113,7 +114,7 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
 
     def _list_message(self, devices: DeviceMap) -> pb.ListAndWatchResponse:
         if self._listed is None or self._listed[0] is not devices:
-            self._listed = (devices, list_message(devices))
+            self._listed = (devices, self._list_builder.build(devices))
         return self._listed[1]
 
     async def Allocate(

@@ -24,7 +24,7 @@ from devplug.config import StrictModel, config_error
 from devplug.errors import ConfigError
 from devplug.model import DeviceInfo, DeviceNode, DeviceTree, DeviceTreeBuilder, Health
 from devplug.naming import MAX_DEVICE_ID, sanitize_device_id, validate_resource_name
-from devplug.scanners.incremental import TouchedPaths, split_previous
+from devplug.scanners.incremental import TouchedPaths, TreeEdit
 from devplug.scanners.udev import UdevDevice, UdevEvent, UdevSource
 
 log = structlog.get_logger("devplug.scanners.generic")
@@ -75,12 +75,6 @@ class GenericEntry(StrictModel):
         return validate_resource_name(value)
 
 
-def _keys(tree: DeviceTree) -> frozenset[tuple[str, str]]:
-    return frozenset(
-        (resource, device_id) for resource, devices in tree.items() for device_id in devices
-    )
-
-
 def _matches(device: UdevDevice, node: str, match: GenericMatch) -> bool:
     if match.devnode is not None and not fnmatch.fnmatchcase(node, match.devnode):
         return False
@@ -102,9 +96,11 @@ class GenericScanner:
 
     def __init__(self, entries: Sequence[GenericEntry]) -> None:
         self.entries = tuple(entries)
-        # (resource, first id) of the devices in the last tree: a device whose node vanishes is
-        # reported unhealthy rather than silently dropped, which tells the kubelet why.
-        self._advertised: frozenset[tuple[str, str]] = frozenset()
+        # The last tree: a device in it whose node vanishes is reported unhealthy rather than
+        # silently dropped, which tells the kubelet why.
+        self._advertised = DeviceTree()
+        # Two devices mapped to one id in the last scan: incremental rescans are not exact then.
+        self._duplicates = False
 
     @classmethod
     def from_config(cls, raw: Any, field: str = "scanners.generic") -> GenericScanner:
@@ -138,6 +134,7 @@ class GenericScanner:
 
     def scan(self, source: UdevSource) -> DeviceTree:
         builder = DeviceTreeBuilder()
+        self._duplicates = False
         for entry in self.entries:
             # Exact-match properties are pushed down to libudev; globs are checked here.
             exact = {
@@ -146,26 +143,32 @@ class GenericScanner:
             for device in source.devices(entry.match.subsystem, exact):
                 self._add_device(source, entry, device, builder)
         tree = builder.build()
-        self._advertised = _keys(tree)
+        self._advertised = tree
         return tree
 
     def rescan(
         self, source: UdevSource, previous: DeviceTree, events: Sequence[UdevEvent]
     ) -> DeviceTree | None:
         """Re-read the devices the events name (and those built from touched paths)."""
+        if self._duplicates:
+            # Which of two devices with one id wins depends on the order of a full scan; when
+            # ids clash (a misconfiguration, logged), only a full scan gives the same answer.
+            return None
         touched = TouchedPaths(event.sys_path for event in events)
-        builder, stale = split_previous(previous, touched)
-        self._advertised = _keys(previous)
-        for path in sorted(touched.paths | stale):
+        edit = TreeEdit(previous, touched)
+        self._advertised = previous
+        for path in sorted(touched.paths | edit.stale_sources):
             device = source.device(path)
             if device is None:
                 continue  # gone: its devices stay out of the tree
             subsystem = device.subsystem
             for entry in self.entries:
                 if entry.match.subsystem in (None, subsystem):
-                    self._add_device(source, entry, device, builder)
-        tree = builder.build()
-        self._advertised = _keys(tree)
+                    self._add_device(source, entry, device, edit)
+        if self._duplicates:
+            return None
+        tree = edit.build()
+        self._advertised = tree
         return tree
 
     def _add_device(
@@ -173,7 +176,7 @@ class GenericScanner:
         source: UdevSource,
         entry: GenericEntry,
         device: UdevDevice,
-        builder: DeviceTreeBuilder,
+        builder: DeviceTreeBuilder | TreeEdit,
     ) -> None:
         node = device.device_node
         if node is None or not _matches(device, node, entry.match):
@@ -183,10 +186,11 @@ class GenericScanner:
         ids = [base] if entry.shares == 1 else [f"{base}-{i}" for i in range(entry.shares)]
         if (entry.resource, ids[0]) in builder:
             log.warning("generic.duplicate_id", resource=entry.resource, device_id=base, node=node)
+            self._duplicates = True
             return
         health, reason = Health.HEALTHY, ""
         if not source.node_exists(node):
-            if (entry.resource, ids[0]) not in self._advertised:
+            if ids[0] not in self._advertised.get(entry.resource, {}):
                 # Never advertise a device before its node exists.
                 log.debug("generic.node_missing", resource=entry.resource, node=node)
                 return

@@ -192,11 +192,28 @@ def _numa_of_dir(sys_path: str, cache: dict[str, int | None]) -> int | None:
     return answer
 
 
+_per_thread = threading.local()
+
+
+def _thread_context() -> pyudev.Context:
+    """A libudev context for the calling thread, made once.
+
+    Making one costs milliseconds (pyudev looks the library up with ``find_library``, which
+    runs ``ldconfig``): too much for every incremental rescan. libudev contexts are not
+    thread-safe, hence one per thread rather than one per process.
+    """
+    context: pyudev.Context | None = getattr(_per_thread, "context", None)
+    if context is None:
+        context = pyudev.Context()
+        _per_thread.context = context
+    return context
+
+
 class UdevSource:
     """Enumerates devices through libudev. Create one per scan, in the scanning thread."""
 
     def __init__(self, cancelled: threading.Event | None = None) -> None:
-        self._context = pyudev.Context()
+        self._context = _thread_context()
         self._numa_cache: dict[str, int | None] = {}
         # Set by the daemon when it stops: a scan in a worker thread cannot be cancelled from
         # the event loop, so it checks this between devices instead.
