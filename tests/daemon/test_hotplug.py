@@ -83,10 +83,12 @@ async def daemon_for(
     """Factory: start an in-process daemon with the given hotplug settings."""
     stack: list[Any] = []
 
-    async def start(settings: HotplugSettings, **options: Any) -> Daemon:
+    async def start(
+        settings: HotplugSettings, entries: list[dict[str, Any]] = ENTRIES, **options: Any
+    ) -> Daemon:
         manager = running_daemon(
             daemon_settings(kubelet_dir, hotplug=settings),
-            [GenericScanner.from_config(ENTRIES)],
+            [GenericScanner.from_config(entries)],
             **options,
         )
         stack.append(manager)
@@ -182,6 +184,30 @@ async def test_unbind_and_bind_events_take_a_device_out_and_back(
     await session.wait_for_update(
         lambda listed: ids(listed) == {"accel_accel0", "accel_accel1"}, after=seen
     )
+
+
+async def test_kernel_events_are_read_again_once_udev_has_run(
+    host: UmockdevHost, kubelet: KubeletSimulator, daemon_for: Any
+) -> None:
+    ftdi = "example.com/ftdi"
+    add_usb_serial(host, index=0)
+    entry = {
+        "resource": ftdi,
+        "match": {"subsystem": "tty", "properties": {"ID_VENDOR_ID": "0403"}},
+    }
+    daemon = await daemon_for(hotplug(source="kernel"), entries=[entry])
+    session = await kubelet.wait_for_plugin(ftdi)
+    await session.wait_for_update(lambda listed: ids(listed) == {"ttyUSB0"})
+
+    tty = add_usb_serial(host, index=1)
+    host.set_property(tty, "ID_VENDOR_ID", None)  # the kernel's event comes before udevd's rules
+    await host.emit_async("add", tty)
+    await eventually(lambda: daemon.incremental_scans >= 1)
+    assert ids(session.latest) == {"ttyUSB0"}
+    # udevd has run its rules; its own event does not reach a daemon on kernel events.
+    host.set_property(tty, "ID_VENDOR_ID", "0403")
+    await session.wait_for_update(lambda listed: ids(listed) == {"ttyUSB0", "ttyUSB1"})
+    assert daemon.full_scans == 1  # found by the re-read, not by a resync
 
 
 async def test_a_device_is_advertised_only_once_its_node_exists(

@@ -3,7 +3,8 @@
 No thread waits on the socket: the event loop's selector wakes the reader when datagrams
 arrive, the reader drains them into a pending batch (one entry per sysfs path, the newest
 action wins) and tells the scan loop, which coalesces for a few milliseconds, takes the batch
-and rescans what it names. When the kernel drops events (ENOBUFS) the batch is marked
+and rescans what it names. Kernel events (used without udevd's) are re-read once more a second
+later, when udevd has applied its rules. When the kernel drops events (ENOBUFS) the batch is marked
 overflowed and the scan loop rescans everything. A monitor that cannot be opened, or that
 fails, is not fatal: the daemon polls instead and tries to open it again at every poll.
 """
@@ -11,7 +12,7 @@ fails, is not fatal: the daemon polls instead and tries to open it again at ever
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -27,6 +28,9 @@ UDEV_CONTROL = Path("/run/udev/control")
 MAX_EVENTS_PER_READ = 256
 # Beyond this many distinct pending paths, a full rescan is cheaper than remembering them.
 MAX_PENDING_PATHS = 20_000
+# With kernel events, the paths are read again this long after, once udevd has applied its
+# rules (udevd handles a device in tens of milliseconds; a second leaves ample margin).
+KERNEL_RECHECK_S = 1.0
 
 MonitorSource = Literal["udev", "kernel"]
 MonitorOpener = Callable[[MonitorSource, frozenset[str] | None], UdevMonitor]
@@ -73,6 +77,8 @@ class UeventListener:
         self._monitor: UdevMonitor | None = None
         self._fd = -1
         self._pending: dict[str, UdevEvent] = {}
+        self._recheck: dict[str, UdevEvent] = {}
+        self._recheck_timer: asyncio.TimerHandle | None = None
         self._overflowed = False
         self._open_failure: str | None = None
         self.received = 0
@@ -113,6 +119,10 @@ class UeventListener:
         return True
 
     def close(self) -> None:
+        if self._recheck_timer is not None:
+            self._recheck_timer.cancel()
+            self._recheck_timer = None
+        self._recheck = {}
         monitor, self._monitor = self._monitor, None
         if monitor is None:
             return
@@ -153,10 +163,39 @@ class UeventListener:
             )
             self._overflowed = True
         self.received += len(received.events)
-        for event in received.events:
+        self._add_pending(received.events)
+        if self.source == "kernel" and received.events:
+            self._schedule_recheck(received.events)
+        if received.events or received.overflowed:
+            self._on_pending()
+
+    def _add_pending(self, events: Iterable[UdevEvent]) -> None:
+        for event in events:
             self._pending[event.sys_path] = event
         if len(self._pending) > MAX_PENDING_PATHS:
             self._pending = {}
             self._overflowed = True
-        if received.events or received.overflowed:
+
+    def _schedule_recheck(self, events: Iterable[UdevEvent]) -> None:
+        """Re-read the paths of kernel events once more, after udevd has had time to act.
+
+        Kernel events come before udevd runs its rules: the device's udev properties (ID_*,
+        DEVLINKS) may not exist yet. Without udevd's own events (no udevd, or a pod outside
+        the host network namespace, where they are not delivered) nothing else would tell us
+        when they do.
+        """
+        for event in events:
+            self._recheck[event.sys_path] = event
+        if len(self._recheck) > MAX_PENDING_PATHS:
+            self._recheck = {}
+            self._overflowed = True  # the full rescan this causes re-reads everything anyway
+        if self._recheck_timer is None:
+            loop = asyncio.get_running_loop()
+            self._recheck_timer = loop.call_later(KERNEL_RECHECK_S, self._recheck_now)
+
+    def _recheck_now(self) -> None:
+        self._recheck_timer = None
+        events, self._recheck = self._recheck, {}
+        if events and self._monitor is not None:
+            self._add_pending(events.values())
             self._on_pending()

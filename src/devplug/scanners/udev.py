@@ -385,10 +385,14 @@ class UdevMonitor:
             sys_path = str(device.sys_path)
             if action not in UEVENT_ACTIONS or not _is_sys_device_path(sys_path):
                 continue
-            subsystem = device.subsystem
-            events.append(
-                UdevEvent(str(action), sys_path, None if subsystem is None else str(subsystem))
-            )
+            subsystem = None if device.subsystem is None else str(device.subsystem)
+            if action == "move":
+                # A renamed device: its old path is gone, and devices built from it with it.
+                old = device.properties.get("DEVPATH_OLD")
+                old_path = None if old is None else "/sys" + str(old)
+                if old_path is not None and _is_sys_device_path(old_path):
+                    events.append(UdevEvent("remove", old_path, subsystem))
+            events.append(UdevEvent(str(action), sys_path, subsystem))
         return ReceivedEvents(tuple(events), overflowed, more=True)
 
     def close(self) -> None:
