@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import os
 import sys
 import time
@@ -98,6 +99,9 @@ async def main(devices: int, samples: int) -> None:
     removes: list[float] = []
     with scratch_dir() as scratch:
         host = gpu_host(scratch / "testbed", devices)
+        # The mock host is big and long-lived: keep it out of this process's GC passes, whose
+        # pauses would otherwise land in the simulator's timestamps.
+        gc.freeze()
         kubelet_dir = scratch / "kubelet"
         with host.activated():
             floor = await floor_samples(host, devices + samples, samples)
@@ -129,6 +133,11 @@ async def main(devices: int, samples: int) -> None:
     print(f"uevent -> new list at the kubelet, add:     {summary_ms(adds)} (goal p99 <= 50 ms)")
     print(f"uevent -> new list at the kubelet, remove:  {summary_ms(removes)}")
     print(f"both:                                       {summary_ms(adds + removes)}")
+    slowest = sorted(range(samples), key=lambda i: -max(adds[i], removes[i]))[:3]
+    print(
+        "slowest samples (index: add ms, remove ms): "
+        + ", ".join(f"{i}: {adds[i] * 1000:.1f}, {removes[i] * 1000:.1f}" for i in slowest)
+    )
 
 
 if __name__ == "__main__":
