@@ -341,7 +341,10 @@ class UdevMonitor:
         if source not in ("udev", "kernel"):
             raise ValueError(f"monitor source must be 'udev' or 'kernel', got {source!r}")
         self.source = source
-        self._monitor: pyudev.Monitor | None = pyudev.Monitor.from_netlink(pyudev.Context(), source)
+        # The calling thread's context: making one per attempt would run ldconfig each time.
+        self._monitor: pyudev.Monitor | None = pyudev.Monitor.from_netlink(
+            _thread_context(), source
+        )
         for subsystem in sorted(subsystems or ()):
             self._monitor.filter_by(subsystem)
         self._monitor.start()
