@@ -78,3 +78,21 @@ def test_builder_refuses_duplicate_ids() -> None:
     with pytest.raises(ValueError, match="duplicate"):
         builder.add("example.com/a", "d0", DeviceInfo())
     assert builder.build().device_count() == 1
+
+
+def test_with_changes_removes_adds_and_validates_only_the_change() -> None:
+    tree = DeviceTree({"example.com/a": {"x": DeviceInfo(), "y": DeviceInfo()}})
+    changed = tree.with_changes(
+        [("example.com/a", "x"), ("example.com/a", "gone-already")],
+        {"example.com/b": {"z": DeviceInfo()}},
+    )
+    assert changed == DeviceTree(
+        {"example.com/a": {"y": DeviceInfo()}, "example.com/b": {"z": DeviceInfo()}}
+    )
+    assert set(tree["example.com/a"]) == {"x", "y"}  # the original is untouched
+    emptied = changed.with_changes([("example.com/a", "y")], {})
+    assert "example.com/a" not in emptied  # an emptied resource is not kept
+    with pytest.raises(ValueError, match="duplicate device id"):
+        tree.with_changes([], {"example.com/a": {"y": DeviceInfo()}})
+    with pytest.raises(InvalidNameError):
+        tree.with_changes([], {"example.com/a": {"bad id/": DeviceInfo()}})

@@ -123,7 +123,7 @@ def _run(settings: Settings, scanners: Sequence[Scanner]) -> int:
     from devplug.daemon.runner import Daemon, run_until_signalled
 
     async def main() -> None:
-        await run_until_signalled(Daemon(settings, scanners))
+        await run_until_signalled(Daemon(settings, scanners, freeze_gc=True))
 
     try:
         asyncio.run(main())

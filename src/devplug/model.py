@@ -212,9 +212,10 @@ class DeviceTree(Mapping[str, Mapping[str, DeviceInfo]]):
     ) -> DeviceTree:
         """This tree without the ``removed`` (resource, id) pairs, plus ``added`` devices.
 
-        Only the added devices are validated (the rest were when this tree was built), which
-        keeps an incremental update of a big tree proportional to the change. An added id that
-        is already present (and not removed) raises ValueError.
+        Only the added devices are validated (the rest were when this tree was built); the
+        others are carried over with a dict copy per resource, which is cheap next to
+        re-validating them. An added id that is already present (and not removed) raises
+        ValueError.
         """
         resources = {name: dict(devices) for name, devices in self._resources.items()}
         for resource, device_id in removed:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from pathlib import Path
 
 import pytest
@@ -93,3 +94,64 @@ async def test_listener_without_a_source_never_opens() -> None:
     listener = UeventListener(None, None, lambda: None)
     assert not listener.open()
     assert not listener.active
+
+
+async def collect(listener: UeventListener, woken: asyncio.Event, count: int) -> float:
+    """Wait until ``listener`` has received ``count`` events; return when it had."""
+    async with asyncio.timeout(5):
+        while listener.received < count:
+            await woken.wait()
+            woken.clear()
+    return time.monotonic()
+
+
+async def test_kernel_events_come_back_once_each_after_their_own_delay(
+    host: UmockdevHost,
+) -> None:
+    first = add_usb_serial(host, index=0)
+    second = add_usb_serial(host, index=1)
+    delay = 0.3
+    woken = asyncio.Event()
+    listener = UeventListener("kernel", None, woken.set, recheck_s=delay)
+    assert listener.open()
+    try:
+        sent_first = time.monotonic()
+        await host.emit_async("add", first)
+        await collect(listener, woken, 1)
+        assert [e.sys_path for e in listener.take().events] == [first]
+        await asyncio.sleep(delay / 2)
+        sent_second = time.monotonic()
+        await host.emit_async("add", second)
+        await collect(listener, woken, 2)
+        assert [e.sys_path for e in listener.take().events] == [second]
+
+        came_back: dict[str, float] = {}
+        async with asyncio.timeout(5):
+            while len(came_back) < 2:
+                await woken.wait()
+                woken.clear()
+                now = time.monotonic()
+                for event in listener.take().events:
+                    assert event.sys_path not in came_back, "re-read twice"
+                    came_back[event.sys_path] = now
+    finally:
+        listener.close()
+    # Lower bounds only: each path comes back no earlier than its own delay (a slow machine
+    # makes them later, never earlier), so the second is not swept up with the first.
+    assert came_back[first] - sent_first >= delay
+    assert came_back[second] - sent_second >= delay
+
+
+async def test_udev_events_are_not_read_again(host: UmockdevHost) -> None:
+    tty = add_usb_serial(host, index=0)
+    woken = asyncio.Event()
+    listener = UeventListener("udev", None, woken.set, recheck_s=0.05)
+    assert listener.open()
+    try:
+        await host.emit_async("add", tty)
+        await collect(listener, woken, 1)
+        assert listener.take()
+        await asyncio.sleep(0.3)  # six times the delay: a recheck would have come
+        assert not listener.take()
+    finally:
+        listener.close()

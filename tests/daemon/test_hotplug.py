@@ -21,7 +21,7 @@ from devplug.config import HotplugSettings
 from devplug.daemon.events import MonitorSource
 from devplug.daemon.runner import Daemon
 from devplug.scanners.generic import GenericScanner
-from devplug.scanners.udev import UdevMonitor
+from devplug.scanners.udev import UdevMonitor, UdevSource
 from devplug.testing import KubeletSimulator, daemon_settings, running_daemon
 from devplug.testing.simulator import ListedDevice, SimulatorRpcError
 from devplug.testing.umockdev import MockNode, UmockdevHost, add_intel_gpu, add_usb_serial
@@ -255,10 +255,13 @@ async def test_health_goes_both_ways_and_recovery_is_held_down(
         await session.allocate(["ttyUSB0"])
     assert "unhealthy" in refused.value.details.lower()
 
-    # Flap: every recovery is shorter than the hold-down, so the kubelet is not told of it.
+    # Flap: every recovery is shorter than the hold-down, so the kubelet is not told of it:
+    # not even of the changing reasons ("held down", then the cause again).
     for _ in range(5):
         await node(True)
         await node(False)
+    assert len(session.updates) == first_bad + 1
+    assert daemon.manager.tree[SERIAL]["ttyUSB0"].health_reason.startswith("device node")
     restored_at = time.perf_counter()
     await node(True)
     await session.wait_for_update(
@@ -352,22 +355,20 @@ async def test_a_storm_of_1000_events_ends_with_the_hosts_devices(
     # Every drm event reached the daemon (pci ones are filtered out by the monitor's filter).
     assert daemon.listener.received == watched
     assert daemon.full_scans == 1
-    # A fresh full scan agrees with what the events built.
-    await daemon.rescan()
-    after_full = await session.wait_for_update(after=len(session.updates) - 1)
-    assert ids(after_full) == set(present)
+    # What the events built is what a fresh scan of the host finds, to the last field.
+    assert daemon.manager.tree == GenericScanner.from_config(ENTRIES).scan(UdevSource())
 
 
 class _FailingOpener:
-    """Opens no monitor for the first ``failures`` calls (as when netlink sockets are denied)."""
+    """Opens no monitor while ``denied`` (as when netlink sockets are not allowed)."""
 
-    def __init__(self, failures: int) -> None:
-        self.failures = failures
+    def __init__(self) -> None:
+        self.denied = True
         self.calls = 0
 
     def __call__(self, source: MonitorSource, subsystems: frozenset[str] | None) -> UdevMonitor:
         self.calls += 1
-        if self.calls <= self.failures:
+        if self.denied:
             raise PermissionError(errno.EPERM, "netlink socket denied")
         return UdevMonitor(source, subsystems)
 
@@ -376,7 +377,7 @@ async def test_without_a_monitor_the_daemon_polls_and_retries_the_monitor(
     host: UmockdevHost, kubelet: KubeletSimulator, daemon_for: Any
 ) -> None:
     add_usb_serial(host, index=0)
-    opener = _FailingOpener(failures=2)
+    opener = _FailingOpener()
     daemon = await daemon_for(hotplug(poll_s=0.1), monitor_opener=opener)
     assert not daemon.listener.active
     session = await kubelet.wait_for_plugin(SERIAL)
@@ -385,18 +386,18 @@ async def test_without_a_monitor_the_daemon_polls_and_retries_the_monitor(
     # No event is sent: only polling can find this one.
     add_usb_serial(host, index=1)
     await session.wait_for_update(lambda listed: ids(listed) == {"ttyUSB0", "ttyUSB1"})
-    polls = daemon.full_scans
-    assert polls >= 2
+    assert daemon.full_scans >= 2
+    assert opener.calls >= 2  # every poll tries the monitor again
 
-    # The third attempt opens the monitor (then scans fully); from then on events are used.
-    await eventually(lambda: daemon.full_scans >= 3)
-    assert daemon.listener.active
-    assert opener.calls == 3
+    # Once the monitor can be opened, the next poll opens it (and scans fully); from then on
+    # events are used and the resync period is long again.
+    opener.denied = False
+    await eventually(lambda: daemon.listener.active)
     seen = len(session.updates)
     await emit_removal(host, host.devices[-1])
     await session.wait_for_update(lambda listed: ids(listed) == {"ttyUSB0"}, after=seen)
-    assert daemon.incremental_scans >= 1
-    assert daemon.full_scans == 3  # the resync period is long again now that events flow
+    # (The full scan after opening may see the removal first; the events follow it.)
+    await eventually(lambda: daemon.incremental_scans >= 1)
 
 
 class _OverflowingMonitor(UdevMonitor):

@@ -507,5 +507,5 @@ def test_a_moved_device_with_a_path_based_id_leaves_no_stale_entry(host: Umockde
     finally:
         monitor.close()
     assert received == (UdevEvent("remove", old, "tty"), UdevEvent("move", new, "tty"))
-    moved = pair.step(received)
+    moved = pair.step(received, may_ask_full=True)
     assert ids(moved, SERIAL) == ["pci-0000_00_05_0"]

@@ -34,16 +34,22 @@ class ListMessageBuilder:
 
     def __init__(self) -> None:
         self._made: dict[tuple[str, str, tuple[int, ...]], pb.Device] = {}
+        self._last: pb.ListAndWatchResponse | None = None
 
     def build(self, devices: Mapping[str, DeviceInfo]) -> pb.ListAndWatchResponse:
+        """The message for ``devices``; the very same object as last time if nothing the
+        kubelet sees (ids, health, topology) changed, so callers can skip re-sending it."""
         made: dict[tuple[str, str, tuple[int, ...]], pb.Device] = {}
         previous = self._made
         for device_id, info in devices.items():
             key = (device_id, info.health.value, info.numa_nodes)
             message = previous.get(key)
             made[key] = device_message(device_id, info) if message is None else message
+        if self._last is not None and list(made) == list(previous):
+            return self._last
         self._made = made
-        return pb.ListAndWatchResponse(devices=made.values())
+        self._last = pb.ListAndWatchResponse(devices=made.values())
+        return self._last
 
 
 def container_response(answer: ContainerAllocation) -> pb.ContainerAllocateResponse:

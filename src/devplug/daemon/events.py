@@ -31,6 +31,8 @@ MAX_PENDING_PATHS = 20_000
 # With kernel events, the paths are read again this long after, once udevd has applied its
 # rules (udevd handles a device in tens of milliseconds; a second leaves ample margin).
 KERNEL_RECHECK_S = 1.0
+# Timers may fire a clock tick early; paths due within this are taken in the same pass.
+RECHECK_SLACK_S = 0.001
 
 MonitorSource = Literal["udev", "kernel"]
 MonitorOpener = Callable[[MonitorSource, frozenset[str] | None], UdevMonitor]
@@ -69,15 +71,18 @@ class UeventListener:
         subsystems: frozenset[str] | None,
         on_pending: Callable[[], None],
         opener: MonitorOpener = UdevMonitor,
+        recheck_s: float = KERNEL_RECHECK_S,
     ) -> None:
         self.source = source
+        self.recheck_s = recheck_s
         self.subsystems = subsystems
         self._on_pending = on_pending
         self._opener = opener
         self._monitor: UdevMonitor | None = None
         self._fd = -1
         self._pending: dict[str, UdevEvent] = {}
-        self._recheck: dict[str, UdevEvent] = {}
+        # sys path -> (loop time it is due, its event), in due order.
+        self._recheck: dict[str, tuple[float, UdevEvent]] = {}
         self._recheck_timer: asyncio.TimerHandle | None = None
         self._overflowed = False
         self._open_failure: str | None = None
@@ -184,18 +189,32 @@ class UeventListener:
         the host network namespace, where they are not delivered) nothing else would tell us
         when they do.
         """
+        loop = asyncio.get_running_loop()
+        due = loop.time() + self.recheck_s
         for event in events:
-            self._recheck[event.sys_path] = event
+            # Re-inserted at the end: the dict stays ordered by due time.
+            self._recheck.pop(event.sys_path, None)
+            self._recheck[event.sys_path] = (due, event)
         if len(self._recheck) > MAX_PENDING_PATHS:
             self._recheck = {}
             self._overflowed = True  # the full rescan this causes re-reads everything anyway
-        if self._recheck_timer is None:
-            loop = asyncio.get_running_loop()
-            self._recheck_timer = loop.call_later(KERNEL_RECHECK_S, self._recheck_now)
+        if self._recheck_timer is None and self._recheck:
+            first_due = next(iter(self._recheck.values()))[0]
+            self._recheck_timer = loop.call_at(first_due, self._recheck_now)
 
     def _recheck_now(self) -> None:
+        """Re-read the paths that are due; re-arm the timer for the next one."""
         self._recheck_timer = None
-        events, self._recheck = self._recheck, {}
-        if events and self._monitor is not None:
-            self._add_pending(events.values())
+        loop = asyncio.get_running_loop()
+        now = loop.time() + RECHECK_SLACK_S
+        due: list[UdevEvent] = []
+        while self._recheck:
+            path, (when, event) = next(iter(self._recheck.items()))
+            if when > now:
+                self._recheck_timer = loop.call_at(when, self._recheck_now)
+                break
+            del self._recheck[path]
+            due.append(event)
+        if due and self._monitor is not None:
+            self._add_pending(due)
             self._on_pending()

@@ -33,6 +33,10 @@ class HealthGate:
         self._healthy_since: dict[_Key, float] = {}
         self._last_reason: dict[_Key, str] = {}
 
+    def now(self) -> float:
+        """The gate's clock (``next_deadline`` is in its time)."""
+        return self._clock()
+
     def next_deadline(self) -> float | None:
         """When the earliest held-down device may be published Healthy (clock time), if any."""
         if not self._healthy_since:

@@ -41,6 +41,7 @@ class Daemon:
         *,
         monitor_opener: MonitorOpener = UdevMonitor,
         udev_control: Path = UDEV_CONTROL,
+        freeze_gc: bool = False,
     ) -> None:
         self.settings = settings
         self.scan_runner = ScanRunner(scanners)
@@ -51,6 +52,8 @@ class Daemon:
         self.first_scan_done = asyncio.Event()
         hotplug = settings.hotplug
         self.health = HealthGate(hotplug.health_hold_down_s)
+        # gc.freeze() is process-wide: the daemon's own process asks for it (cli), tests don't.
+        self.freeze_gc = freeze_gc
         self.listener = UeventListener(
             choose_source(hotplug.source, udev_control),
             event_subsystems(scanners),
@@ -137,15 +140,16 @@ class Daemon:
         self.listener.open()
         await self.rescan()
         self.first_scan_done.set()
-        # The first tree and servers are long-lived: keep them out of GC passes.
-        gc.freeze()
+        if self.freeze_gc:
+            # The first tree and servers are long-lived: keep them out of GC passes.
+            gc.freeze()
         next_full = loop.time() + self._resync_period()
         while True:
             deadline = next_full
             health_due = self.health.next_deadline()
             if health_due is not None:
-                # The gate's clock is time.monotonic, like the loop's.
-                deadline = min(deadline, health_due)
+                # The gate has its own clock: convert its deadline to loop time.
+                deadline = min(deadline, loop.time() + health_due - self.health.now())
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout_at(deadline):
                     await self._wake.wait()
@@ -157,7 +161,9 @@ class Daemon:
             batch = self.listener.take()
             if self._full_scan_requested or batch.overflowed or loop.time() >= next_full:
                 self._full_scan_requested = False
-                if not self.listener.active:
+                if not self.listener.active and loop.time() >= next_full:
+                    # Only at the poll period: a monitor that keeps failing must not turn
+                    # into a loop of full scans.
                     self.listener.open()
                 await self.rescan()
                 next_full = loop.time() + self._resync_period()

@@ -81,7 +81,7 @@ class ScanRunner:
                 previous = self._last.get(index)
                 incremental_scanner = self._incremental.get(index)
                 if events is not None and incremental_scanner is not None and previous is not None:
-                    tree = incremental_scanner.rescan(source, previous, events)
+                    tree = self._rescan(incremental_scanner, source, previous, events)
                     incremental += tree is not None
                 if tree is None:
                     tree = scanner.scan(source)
@@ -107,6 +107,23 @@ class ScanRunner:
             merged = merged.merged(tree)
             owners.update(dict.fromkeys(tree, scanner))
         return ScanResult(merged, owners, time.perf_counter() - started, full, incremental)
+
+    @staticmethod
+    def _rescan(
+        scanner: IncrementalScanner,
+        source: UdevSource,
+        previous: DeviceTree,
+        events: Sequence[UdevEvent],
+    ) -> DeviceTree | None:
+        """The incremental result, or None for a full scan (also when the rescan fails: the
+        events are taken, so only a full scan can still account for them)."""
+        try:
+            return scanner.rescan(source, previous, events)
+        except ScanCancelled:
+            raise
+        except Exception:
+            log.exception("scan.incremental.failed", scanner=scanner.name, fallback="full scan")
+            return None
 
     async def scan(self, events: Sequence[UdevEvent] | None = None) -> ScanResult:
         cancelled = threading.Event()

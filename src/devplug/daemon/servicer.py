@@ -103,8 +103,15 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
         self.idle.clear()
         self._log.info("listandwatch.opened", streams=self.active_streams)
         try:
+            sent: pb.ListAndWatchResponse | None = None
             async for devices in self.devices.as_changed():
-                yield self._list_message(devices)
+                message = self._list_message(devices)
+                if message is sent:
+                    # Only what the kubelet does not see changed (a health reason, a mount):
+                    # a flapping device's reasons must not become a stream of messages.
+                    continue
+                yield message
+                sent = message
                 self._log.debug("listandwatch.sent", devices=len(devices))
         finally:
             self.active_streams -= 1

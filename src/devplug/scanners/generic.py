@@ -8,7 +8,8 @@ the id alphabet; with ``shares: N`` each device gets the ids ``<id>-0`` .. ``<id
 
 Health: a device already advertised whose node disappears while its sysfs entry stays is
 reported Unhealthy ("device node ... is missing") until the node is back; a device whose sysfs
-entry goes, or that no longer matches (e.g. its DRIVER changed), leaves the list.
+entry goes, or that no longer matches (e.g. its DRIVER changed), leaves the list. Deleting a
+node sends no uevent, so that is noticed at the device's next event or the periodic resync.
 """
 
 from __future__ import annotations
@@ -153,6 +154,9 @@ class GenericScanner:
         if self._duplicates:
             # Which of two devices with one id wins depends on the order of a full scan; when
             # ids clash (a misconfiguration, logged), only a full scan gives the same answer.
+            return None
+        if any(event.action == "move" for event in events):
+            # A moved device's children moved with it, without events of their own.
             return None
         touched = TouchedPaths(event.sys_path for event in events)
         edit = TreeEdit(previous, touched)
