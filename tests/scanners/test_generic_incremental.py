@@ -113,6 +113,10 @@ def test_no_entries_need_no_subsystems() -> None:
 # ----------------------------------------------------------------------- TouchedPaths
 
 
+def touches(paths: TouchedPaths, source: str) -> bool:
+    return paths.touched_sources([source]) == {source}
+
+
 @pytest.mark.parametrize(
     ("event", "source", "touched"),
     [
@@ -127,17 +131,35 @@ def test_no_entries_need_no_subsystems() -> None:
     ],
 )
 def test_touches(event: str, source: str, touched: bool) -> None:
-    assert TouchedPaths([event]).touches(source) is touched
+    assert touches(TouchedPaths([event]), source) is touched
 
 
 def test_touches_with_several_event_paths() -> None:
     paths = TouchedPaths(["/sys/devices/a/b", "/sys/devices/x/y/z"])
     assert paths.paths == frozenset({"/sys/devices/a/b", "/sys/devices/x/y/z"})
-    assert paths.touches("/sys/devices/a/b/c")
-    assert paths.touches("/sys/devices/x/y")
-    assert not paths.touches("/sys/devices/a/bb")
-    assert not paths.touches("/sys/devices/x/yz")
-    assert not TouchedPaths([]).touches("/sys/devices/a/b")
+    assert touches(paths, "/sys/devices/a/b/c")
+    assert touches(paths, "/sys/devices/x/y")
+    assert not touches(paths, "/sys/devices/a/bb")
+    assert not touches(paths, "/sys/devices/x/yz")
+    assert not touches(TouchedPaths([]), "/sys/devices/a/b")
+
+
+def test_touched_sources_picks_exactly_the_touched_ones_from_many() -> None:
+    sources = [
+        "/sys/devices/z",
+        "/sys/devices/a/bc/d",
+        "/sys/devices/a/b/c/d",
+        "/sys/devices/a",
+        "/sys/devices/a/bc",
+        "/sys/devices/a/b",
+        "/sys/devices/a/b/c",
+    ]
+    assert TouchedPaths(["/sys/devices/a/b"]).touched_sources(sources) == {
+        "/sys/devices/a",
+        "/sys/devices/a/b",
+        "/sys/devices/a/b/c",
+        "/sys/devices/a/b/c/d",
+    }
 
 
 # ------------------------------------------------------------------- rescan == scan

@@ -45,13 +45,12 @@ def choose_source(setting: str, udev_control: Path = UDEV_CONTROL) -> MonitorSou
     links); without udevd (many containers) a udev monitor would open and never hear
     anything, so it takes the kernel's.
     """
-    if setting == "none":
-        return None
     if setting == "auto":
         return "udev" if udev_control.exists() else "kernel"
-    if setting in ("udev", "kernel"):
-        return "udev" if setting == "udev" else "kernel"
-    raise ValueError(f"unknown hotplug source {setting!r}")
+    choices: dict[str, MonitorSource | None] = {"udev": "udev", "kernel": "kernel", "none": None}
+    if setting not in choices:
+        raise ValueError(f"unknown hotplug source {setting!r}")
+    return choices[setting]
 
 
 @dataclass(frozen=True, slots=True)

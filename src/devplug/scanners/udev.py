@@ -22,6 +22,17 @@ import pyudev
 from devplug.errors import ScanCancelled
 from devplug.model import is_device_node_path
 
+
+def is_sys_device_path(path: str) -> bool:
+    """True for a normalised path under /sys/devices (what device paths and events carry)."""
+    return (
+        path.startswith("/sys/devices/")
+        and "\0" not in path
+        and ".." not in path.split("/")
+        and os.path.normpath(path) == path
+    )
+
+
 # Real sysfs attributes are at most a page; anything larger is not an attribute we understand.
 MAX_ATTRIBUTE_BYTES = 4096
 
@@ -271,7 +282,7 @@ class UdevSource:
 
     def device(self, sys_path: str) -> UdevDevice | None:
         """The device at ``sys_path`` as it is now, or None if it is gone."""
-        if not sys_path.startswith("/sys/") or ".." in sys_path.split("/"):
+        if not is_sys_device_path(sys_path):
             raise ValueError(f"not a sysfs device path: {sys_path!r}")
         try:
             return UdevDevice(pyudev.Devices.from_sys_path(self._context, sys_path))
@@ -319,15 +330,6 @@ class ReceivedEvents:
     overflowed: bool = False
     # True when the read stopped at ``limit`` with more possibly waiting.
     more: bool = False
-
-
-def _is_sys_device_path(path: str) -> bool:
-    return (
-        path.startswith("/sys/devices/")
-        and "\0" not in path
-        and ".." not in path.split("/")
-        and os.path.normpath(path) == path
-    )
 
 
 class UdevMonitor:
@@ -386,14 +388,14 @@ class UdevMonitor:
                 return ReceivedEvents(tuple(events), overflowed)
             action = device.action
             sys_path = str(device.sys_path)
-            if action not in UEVENT_ACTIONS or not _is_sys_device_path(sys_path):
+            if action not in UEVENT_ACTIONS or not is_sys_device_path(sys_path):
                 continue
             subsystem = None if device.subsystem is None else str(device.subsystem)
             if action == "move":
                 # A renamed device: its old path is gone, and devices built from it with it.
                 old = device.properties.get("DEVPATH_OLD")
                 old_path = None if old is None else "/sys" + str(old)
-                if old_path is not None and _is_sys_device_path(old_path):
+                if old_path is not None and is_sys_device_path(old_path):
                     events.append(UdevEvent("remove", old_path, subsystem))
             events.append(UdevEvent(str(action), sys_path, subsystem))
         return ReceivedEvents(tuple(events), overflowed, more=True)
