@@ -35,7 +35,7 @@ def _common_options() -> argparse.ArgumentParser:
         default=[],
         metavar="NAME",
         help="add a built-in scanner with its defaults; repeatable "
-        f"({', '.join(sorted(BUILTIN_SCANNERS))})",
+        f"({', '.join(sorted(n.replace('_', '-') for n in BUILTIN_SCANNERS))})",
     )
     group.add_argument(
         "--kubelet-dir",

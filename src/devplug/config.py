@@ -167,13 +167,14 @@ def load_settings(
     """Merge file, environment and flags (later wins) and validate.
 
     ``scanner_names`` (from --scanner or DEVPLUG_SCANNER) add built-in scanners with their
-    defaults unless the file already configures them.
+    defaults unless the file already configures them; ``intel-gpu`` names ``intel_gpu``.
     """
     environ = os.environ if environ is None else environ
     raw: dict[str, Any] = read_config_file(config_file) if config_file is not None else {}
     raw.update(env_overrides(environ))
     raw.update({key: value for key, value in flags.items() if value is not None})
-    names = [*env_scanners(environ), *scanner_names]
+    # Flags spell names with "-" (intel-gpu), config sections with "_" (intel_gpu).
+    names = [name.replace("-", "_") for name in (*env_scanners(environ), *scanner_names)]
     if names:
         scanners = raw.get("scanners")
         if scanners is None:

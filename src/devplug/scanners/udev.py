@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import re
 import stat
 import threading
 from collections.abc import Iterable, Iterator, Mapping
@@ -235,9 +236,16 @@ class UdevSource:
         return _numa_of_dir(device.sys_path, self._numa_cache)
 
     def devices(
-        self, subsystem: str | None = None, properties: Mapping[str, str] | None = None
+        self,
+        subsystem: str | None = None,
+        properties: Mapping[str, str] | None = None,
+        sys_name: re.Pattern[str] | None = None,
     ) -> Iterator[UdevDevice]:
         """Devices of ``subsystem`` whose properties equal ``properties`` (all of them).
+
+        ``sys_name`` keeps devices whose kernel name matches it in full; with a subsystem it is
+        applied to directory entries before any device is opened (a drm class dir holds a
+        card's connectors too, which a GPU scan need not open).
 
         With a subsystem, devices are found by listing its class and bus directories, then
         opened one by one through libudev: the same set libudev's enumerator returns (a test
@@ -251,23 +259,31 @@ class UdevSource:
                 enumerator = enumerator.match_property(key, value)
             found: Iterator[pyudev.Device] = iter(enumerator)
         else:
-            found = self._subsystem_devices(subsystem)
+            found = self._subsystem_devices(subsystem, sys_name)
         for device in found:
             if self._cancelled is not None and self._cancelled.is_set():
                 raise ScanCancelled("scan cancelled: the daemon is stopping")
             view = UdevDevice(device)
+            if sys_name is not None and not sys_name.fullmatch(view.sys_name):
+                continue
             if subsystem is not None and any(view.property(k) != v for k, v in wanted.items()):
                 continue
             yield view
 
-    def _subsystem_devices(self, subsystem: str) -> Iterator[pyudev.Device]:
+    def _subsystem_devices(
+        self, subsystem: str, sys_name: re.Pattern[str] | None = None
+    ) -> Iterator[pyudev.Device]:
         if not subsystem or "/" in subsystem or "\0" in subsystem or subsystem in (".", ".."):
             raise ValueError(f"not a subsystem name: {subsystem!r}")
         seen: set[str] = set()
         for directory in (f"/sys/class/{subsystem}", f"/sys/bus/{subsystem}/devices"):
             try:
                 with os.scandir(directory) as entries:
-                    paths = sorted(entry.path for entry in entries)
+                    paths = sorted(
+                        entry.path
+                        for entry in entries
+                        if sys_name is None or sys_name.fullmatch(entry.name)
+                    )
             except OSError:
                 continue
             for path in paths:

@@ -1,0 +1,17 @@
+"""The Intel GPU scanner (``scanners.intel_gpu``, ``--scanner intel-gpu``)."""
+
+from devplug.scanners.intel_gpu.scanner import (
+    MONITORING_ID,
+    MONITORING_RESOURCE,
+    IntelGpuScanner,
+    ListTooLargeError,
+)
+from devplug.scanners.intel_gpu.settings import IntelGpuSettings
+
+__all__ = [
+    "MONITORING_ID",
+    "MONITORING_RESOURCE",
+    "IntelGpuScanner",
+    "IntelGpuSettings",
+    "ListTooLargeError",
+]

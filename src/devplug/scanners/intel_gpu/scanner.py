@@ -1,0 +1,346 @@
+"""The Intel GPU scanner: ``gpu.intel.com/<driver>`` resources, as Intel's GPU plugin has them.
+
+Each GPU is a PCI function with vendor 0x8086 and a drm card; its resource is named after the
+driver udev reports (``i915``, ``xe``), its id is its PCI address (stable when cards renumber),
+and with ``shared_dev_num: N`` it gets the ids ``<address>-0`` .. ``<address>-<N-1>``.
+A physical function with SR-IOV VFs enabled is not advertised; the VFs are, each on its own.
+
+Health, decided at every scan: a GPU already advertised whose card or render node vanished, or
+whose driver unbound, stays in its resource as Unhealthy with the reason, and becomes Healthy
+when restored. A GPU bound to another driver (say vfio-pci) leaves the resource, as does one
+whose PCI function is gone. A GPU is first advertised only once its card node exists.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import Awaitable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+import structlog
+
+from devplug.errors import ConfigError
+from devplug.model import (
+    DeviceInfo,
+    DeviceNode,
+    DeviceTree,
+    DeviceTreeBuilder,
+    Health,
+    Mount,
+)
+from devplug.naming import natural_key, resource_name_problem
+from devplug.scanners.incremental import TouchedPaths
+from devplug.scanners.intel_gpu.discovery import (
+    BY_PATH_DIR,
+    CARD_NAME,
+    GpuFunction,
+    pci_path_of_card,
+    pci_path_of_event,
+    read_function,
+)
+from devplug.scanners.intel_gpu.policy import preferred_shares
+from devplug.scanners.intel_gpu.settings import IntelGpuSettings
+from devplug.scanners.udev import UdevEvent, UdevSource
+from devplug.sizing import KUBELET_MAX_RECEIVE_BYTES, WARN_FRACTION, device_entry_bytes
+
+log = structlog.get_logger("devplug.scanners.intel_gpu")
+
+RESOURCE_PREFIX = "gpu.intel.com/"
+MONITORING_RESOURCE = "gpu.intel.com/monitoring"
+MONITORING_ID = "all"
+# Above this many ids, GetPreferredAllocation sorts in a worker thread, off the event loop.
+_INLINE_PREFERRED_IDS = 2000
+
+
+@dataclass(frozen=True, slots=True)
+class _Entry:
+    """One advertised GPU: its resource, ids, what they carry and what they cost in bytes."""
+
+    resource: str
+    ids: tuple[str, ...]
+    info: DeviceInfo
+    monitor_nodes: frozenset[str]  # its nodes that exist, for the monitoring device
+    list_bytes: int
+
+
+class ListTooLargeError(ConfigError):
+    """A resource's ListAndWatch message would exceed the kubelet's receive limit."""
+
+
+class IntelGpuScanner:
+    """Scanner for ``scanners.intel_gpu``; also the resources' GetPreferredAllocation policy."""
+
+    name = "intel_gpu"
+
+    def __init__(
+        self, settings: IntelGpuSettings | None = None, field: str = "scanners.intel_gpu"
+    ) -> None:
+        self.settings = settings or IntelGpuSettings()
+        self._field = field
+        # PCI path -> what the last scan advertised for it (the memory behind Unhealthy).
+        self._entries: dict[str, _Entry] = {}
+        # PCI paths of functions in an SR-IOV setup at the last scan: changes there rescan all.
+        self._sriov_paths: set[str] = set()
+        self._near_limit: set[str] = set()
+
+    @classmethod
+    def from_config(cls, raw: Any, field: str = "scanners.intel_gpu") -> IntelGpuScanner:
+        return cls(IntelGpuSettings.from_raw(raw, field), field)
+
+    @property
+    def subsystems(self) -> frozenset[str]:
+        # drm for minors coming and going, pci for bind/unbind and SR-IOV changes.
+        return frozenset({"drm", "pci"})
+
+    # ------------------------------------------------------------------ scans
+
+    def scan(self, source: UdevSource) -> DeviceTree:
+        functions: dict[str, GpuFunction] = {}
+        for card in source.devices("drm", sys_name=CARD_NAME):
+            path = pci_path_of_card(card.sys_path)
+            if path is None or path in functions:
+                continue  # a virtual drm device (no PCI parent), or a second card of one GPU
+            function = read_function(source, path)
+            if function is not None:
+                functions[path] = function
+        for path in self._entries.keys() - functions.keys():
+            # Advertised before, no card now: still there (unhealthy) or gone (dropped)?
+            function = read_function(source, path)
+            if function is not None:
+                functions[path] = function
+        by_path_dir = self._by_path_dir_exists()
+        entries: dict[str, _Entry] = {}
+        for path, function in functions.items():
+            entry = self._evaluate(function, self._entries.get(path), by_path_dir)
+            if entry is not None:
+                entries[path] = entry
+        builder = DeviceTreeBuilder()
+        for entry in sorted(entries.values(), key=lambda e: natural_key(e.ids[0])):
+            for device_id in entry.ids:
+                builder.add(entry.resource, device_id, entry.info)
+        monitoring = self._monitoring(entries)
+        if monitoring is not None:
+            builder.add(MONITORING_RESOURCE, MONITORING_ID, monitoring)
+        self._check_sizes(entries, {entry.resource for entry in entries.values()})
+        self._entries = entries
+        self._sriov_paths = {path for path, f in functions.items() if f.sriov_involved}
+        return builder.build()
+
+    def rescan(
+        self, source: UdevSource, previous: DeviceTree, events: Sequence[UdevEvent]
+    ) -> DeviceTree | None:
+        """Re-read the PCI functions the events concern; SR-IOV changes ask for a full scan."""
+        if any(event.action == "move" for event in events):
+            return None
+        touched = TouchedPaths(event.sys_path for event in events)
+        paths = touched.touched_sources(self._entries.keys() | self._sriov_paths)
+        paths.update(pci_path_of_event(event.sys_path) for event in events)
+        if paths & self._sriov_paths:
+            return None  # VFs and their PF decide each other's fate: let a full scan sort it
+        by_path_dir = self._by_path_dir_exists()
+        entries = dict(self._entries)
+        for path in sorted(paths):
+            function = read_function(source, path)
+            if function is not None and function.sriov_involved:
+                return None
+            entry = None
+            if function is not None:
+                entry = self._evaluate(function, self._entries.get(path), by_path_dir)
+            if entry is None:
+                entries.pop(path, None)
+            else:
+                entries[path] = entry
+        removed = [
+            (old.resource, device_id)
+            for path in paths
+            if (old := self._entries.get(path)) is not None
+            for device_id in old.ids
+        ]
+        added: dict[str, dict[str, DeviceInfo]] = {}
+        for path in paths:
+            new = entries.get(path)
+            if new is not None:
+                added.setdefault(new.resource, {}).update(dict.fromkeys(new.ids, new.info))
+        if self.settings.monitoring:
+            removed.append((MONITORING_RESOURCE, MONITORING_ID))
+            monitoring = self._monitoring(entries)
+            if monitoring is not None:
+                added[MONITORING_RESOURCE] = {MONITORING_ID: monitoring}
+        changed = {resource for resource, _ in removed} | set(added)
+        self._check_sizes(entries, changed - {MONITORING_RESOURCE})
+        tree = previous.with_changes(removed, added)
+        # SR-IOV paths stay as they were: a rescan that meets one defers to a full scan.
+        self._entries = entries
+        return tree
+
+    # ------------------------------------------------------------------ one GPU
+
+    def _evaluate(
+        self, function: GpuFunction, previous: _Entry | None, by_path_dir: bool
+    ) -> _Entry | None:
+        """What to advertise for ``function`` now, given what was advertised last time."""
+        if not self.settings.admits(function.pci_device_id) or function.vfs_enabled > 0:
+            return None
+        if function.has_card and function.driver is not None:
+            resource = RESOURCE_PREFIX + function.driver
+            problem = resource_name_problem(resource)
+            if problem is not None:
+                log.warning(
+                    "intel_gpu.driver_name_unusable", address=function.address, problem=problem
+                )
+                return None
+            if previous is not None and previous.resource != resource:
+                previous = None  # rebound to another GPU driver: a new device there
+            required = {m.dev_path for m in function.minors if m.is_card}
+            if previous is not None:
+                required.update(node.host_path for node in previous.info.nodes)
+            missing = sorted(required - function.present_nodes, key=natural_key)
+            if missing and previous is None:
+                log.debug("intel_gpu.node_missing", address=function.address, nodes=missing)
+                return None  # never advertise a GPU before its card node exists
+            health, reason = Health.HEALTHY, ""
+            if missing:
+                health = Health.UNHEALTHY
+                reason = f"device node {' '.join(missing)} of {function.address} is missing"
+            info = DeviceInfo(
+                health=health,
+                health_reason=reason,
+                nodes=tuple(
+                    DeviceNode(m.dev_path)
+                    for m in function.minors
+                    if m.dev_path in function.present_nodes
+                ),
+                mounts=self._mounts(function, by_path_dir),
+                numa_nodes=() if function.numa_node is None else (function.numa_node,),
+                sources=(function.sys_path, *(m.sys_path for m in function.minors)),
+            )
+            return self._entry(resource, function.address, info, function.present_nodes)
+        if previous is None:
+            return None
+        was = previous.resource.removeprefix(RESOURCE_PREFIX)
+        if function.driver is None:
+            reason = f"no driver is bound to {function.address} (was {was})"
+        elif function.driver == was:
+            reason = f"{was} is bound to {function.address} but it has no drm card"
+        else:
+            log.info("intel_gpu.rebound", address=function.address, driver=function.driver, was=was)
+            return None
+        info = replace(
+            previous.info,
+            health=Health.UNHEALTHY,
+            health_reason=reason,
+            sources=(function.sys_path,),
+        )
+        return self._entry(previous.resource, function.address, info, frozenset())
+
+    def _entry(
+        self, resource: str, address: str, info: DeviceInfo, present: frozenset[str]
+    ) -> _Entry:
+        shares = self.settings.shared_dev_num
+        ids = (address,) if shares == 1 else tuple(f"{address}-{i}" for i in range(shares))
+        health = str(info.health)
+        size = sum(device_entry_bytes(i, health, info.numa_nodes) for i in ids)
+        return _Entry(resource, ids, info, present, size)
+
+    def _mounts(self, function: GpuFunction, by_path_dir: bool) -> tuple[Mount, ...]:
+        if self.settings.bypath == "single":
+            return tuple(Mount(link) for link in function.by_path_links)
+        if self.settings.bypath == "all" and by_path_dir:
+            return (Mount(BY_PATH_DIR),)
+        return ()
+
+    def _by_path_dir_exists(self) -> bool:
+        return self.settings.bypath == "all" and os.path.isdir(BY_PATH_DIR)
+
+    def _monitoring(self, entries: Mapping[str, _Entry]) -> DeviceInfo | None:
+        """The one monitoring device: every advertised GPU's existing nodes, for telemetry."""
+        if not self.settings.monitoring or not entries:
+            return None
+        nodes = sorted(
+            {n for entry in entries.values() for n in entry.monitor_nodes}, key=natural_key
+        )
+        return DeviceInfo(nodes=tuple(DeviceNode(node) for node in nodes))
+
+    # ------------------------------------------------------------------ size guard
+
+    def _check_sizes(self, entries: Mapping[str, _Entry], resources: set[str]) -> None:
+        """Refuse lists past the kubelet's limit (the scan fails, the last tree stays); warn
+        from WARN_FRACTION of it."""
+        if not resources:
+            return
+        totals = dict.fromkeys(resources, 0)
+        gpus = dict.fromkeys(resources, 0)
+        for entry in entries.values():
+            if entry.resource in totals:
+                totals[entry.resource] += entry.list_bytes
+                gpus[entry.resource] += 1
+        for resource, total in totals.items():
+            if total > KUBELET_MAX_RECEIVE_BYTES:
+                per_gpu = max(total // max(gpus[resource], 1) // self.settings.shared_dev_num, 1)
+                fits = KUBELET_MAX_RECEIVE_BYTES // per_gpu // max(gpus[resource], 1)
+                message = (
+                    f"{resource}: {gpus[resource]} GPUs x {self.settings.shared_dev_num} ids "
+                    f"would make a {total:,}-byte ListAndWatch message, over the kubelet's "
+                    f"{KUBELET_MAX_RECEIVE_BYTES:,}-byte limit; set shared_dev_num to at most "
+                    f"{fits}"
+                )
+                log.error(
+                    "intel_gpu.list_too_large",
+                    field=f"{self._field}.shared_dev_num",
+                    reason=message,
+                )
+                raise ListTooLargeError(f"{self._field}.shared_dev_num", message)
+            near = total >= WARN_FRACTION * KUBELET_MAX_RECEIVE_BYTES
+            if near and resource not in self._near_limit:
+                log.warning(
+                    "intel_gpu.list_near_limit",
+                    resource=resource,
+                    bytes=total,
+                    limit=KUBELET_MAX_RECEIVE_BYTES,
+                    hint=f"lower {self._field}.shared_dev_num",
+                )
+                self._near_limit.add(resource)
+            elif not near:
+                self._near_limit.discard(resource)
+
+    # ------------------------------------------------------------------ allocation hook
+
+    def preferred_allocation(
+        self,
+        resource: str,
+        available: Sequence[str],
+        must_include: Sequence[str],
+        size: int,
+        devices: Mapping[str, DeviceInfo],
+    ) -> Sequence[str] | Awaitable[Sequence[str]]:
+        if resource == MONITORING_RESOURCE:
+            return list(dict.fromkeys([*must_include, *available]))[: max(size, len(must_include))]
+        if len(available) > _INLINE_PREFERRED_IDS:
+            return asyncio.to_thread(self._preferred, available, must_include, size, devices)
+        return self._preferred(available, must_include, size, devices)
+
+    def _preferred(
+        self,
+        available: Sequence[str],
+        must_include: Sequence[str],
+        size: int,
+        devices: Mapping[str, DeviceInfo],
+    ) -> list[str]:
+        gpu_of: dict[str, str] = {}
+        numa_of: dict[str, tuple[int, ...]] = {}
+        healthy: list[str] = []
+        for device_id in dict.fromkeys([*must_include, *available]):
+            info = devices.get(device_id)
+            if info is None:
+                continue  # not ours (any more): leave it to the kubelet
+            gpu_of[device_id] = info.sources[0] if info.sources else device_id
+            numa_of[device_id] = info.numa_nodes
+            if info.healthy:
+                healthy.append(device_id)
+        usable = set(healthy)
+        candidates = [i for i in available if i in usable]
+        return preferred_shares(
+            self.settings.allocation_policy, candidates, must_include, size, gpu_of, numa_of
+        )

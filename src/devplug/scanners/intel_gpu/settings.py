@@ -1,0 +1,103 @@
+"""The ``scanners.intel_gpu`` config section, validated with errors that name the fix."""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Literal
+
+from pydantic import Field, ValidationError, field_validator
+
+from devplug.config import StrictModel, config_error
+from devplug.errors import ConfigError
+from devplug.sizing import KUBELET_MAX_RECEIVE_BYTES, device_entry_bytes
+
+AllocationPolicy = Literal["none", "balanced", "packed"]
+ByPath = Literal["single", "none", "all"]
+
+_PCI_DEVICE_ID = re.compile(r"^0x[0-9a-f]{4}$")
+# The longest id a share can have on a real host, with the longer health word and a NUMA node:
+# what one share costs in the kubelet's ListAndWatch message at most.
+_WORST_ADDRESS = "ffff:ff:1f.7"
+
+
+def share_bytes(shares: int) -> int:
+    """Upper bound of one GPU's ListAndWatch bytes with ``shares`` ids."""
+    suffix = f"-{shares - 1}" if shares > 1 else ""
+    return shares * device_entry_bytes(_WORST_ADDRESS + suffix, "Unhealthy", (255,))
+
+
+def max_shares_per_gpu() -> int:
+    """The largest ``shared_dev_num`` whose list fits the kubelet's limit with a single GPU."""
+    low, high = 1, KUBELET_MAX_RECEIVE_BYTES
+    while low < high:
+        middle = (low + high + 1) // 2
+        if share_bytes(middle) <= KUBELET_MAX_RECEIVE_BYTES:
+            low = middle
+        else:
+            high = middle - 1
+    return low
+
+
+class IntelGpuSettings(StrictModel):
+    """Intel GPU scanner settings; names and meanings follow Intel's GPU plugin flags.
+
+    ``shared_dev_num``: ids per GPU (``-shared-dev-num``). ``allocation_policy``: how
+    GetPreferredAllocation picks shares (``-allocation-policy``). ``bypath``: which
+    /dev/dri/by-path links containers get (``-bypath``). ``allow_ids``/``deny_ids``: PCI device
+    ids such as "0x56c0" (``-allow-ids``/``-deny-ids``). ``monitoring``: also advertise
+    ``gpu.intel.com/monitoring`` (``-enable-monitoring``).
+    """
+
+    shared_dev_num: int = Field(default=1, ge=1)
+    allocation_policy: AllocationPolicy = "none"
+    bypath: ByPath = "single"
+    allow_ids: tuple[str, ...] = ()
+    deny_ids: tuple[str, ...] = ()
+    monitoring: bool = False
+
+    @field_validator("allow_ids", "deny_ids", mode="before")
+    @classmethod
+    def _device_ids(cls, value: Any) -> Any:
+        if not isinstance(value, list | tuple):
+            return value  # pydantic reports the type error
+        out = []
+        for item in value:
+            text = str(item).strip().lower()
+            if not _PCI_DEVICE_ID.match(text):
+                raise ValueError(
+                    f"PCI device ids are 0x followed by four hex digits, e.g. '0x56c0'; "
+                    f"got {item!r} (quote them in YAML)"
+                )
+            out.append(text)
+        return tuple(dict.fromkeys(out))
+
+    @classmethod
+    def from_raw(cls, raw: Any, field: str) -> IntelGpuSettings:
+        if raw is None:
+            raw = {}
+        if not isinstance(raw, dict):
+            raise ConfigError(field, "must be a mapping of settings (or empty for the defaults)")
+        try:
+            settings = cls.model_validate(raw)
+        except ValidationError as exc:
+            raise config_error(exc, field, cls) from None
+        if settings.allow_ids and settings.deny_ids:
+            raise ConfigError(
+                f"{field}.deny_ids",
+                "allow_ids and deny_ids are mutually exclusive; keep only one of them",
+            )
+        most = max_shares_per_gpu()
+        if settings.shared_dev_num > most:
+            raise ConfigError(
+                f"{field}.shared_dev_num",
+                f"{settings.shared_dev_num} ids for even one GPU would exceed the kubelet's "
+                f"{KUBELET_MAX_RECEIVE_BYTES // (1024 * 1024)} MiB ListAndWatch limit; "
+                f"use at most {most}",
+            )
+        return settings
+
+    def admits(self, device_id: str | None) -> bool:
+        """Whether allow_ids/deny_ids let a GPU with this PCI device id through."""
+        if self.allow_ids:
+            return device_id in self.allow_ids
+        return device_id not in self.deny_ids
