@@ -217,12 +217,21 @@ class DeviceTree(Mapping[str, Mapping[str, DeviceInfo]]):
         re-validating them. An added id that is already present (and not removed) raises
         ValueError.
         """
-        resources = {name: dict(devices) for name, devices in self._resources.items()}
+        removed = list(removed)
+        # Only the resources that change are copied; the others keep their frozen mapping.
+        # ``MappingProxyType.copy()`` copies the dict beneath at C speed (``dict(proxy)``
+        # goes key by key: ~5x slower, milliseconds for 10,000 devices).
+        touched = {resource for resource, _ in removed} | set(added)
+        changed: dict[str, dict[str, DeviceInfo]] = {
+            name: self._resources[name].copy()  # type: ignore[attr-defined]
+            for name in touched
+            if name in self._resources
+        }
         for resource, device_id in removed:
-            resources.get(resource, {}).pop(device_id, None)
+            changed.get(resource, {}).pop(device_id, None)
         for resource, devices in added.items():
             validate_resource_name(resource)
-            target = resources.setdefault(resource, {})
+            target = changed.setdefault(resource, {})
             for device_id, info in devices.items():
                 validate_device_id(device_id)
                 if not isinstance(info, DeviceInfo):
@@ -230,10 +239,14 @@ class DeviceTree(Mapping[str, Mapping[str, DeviceInfo]]):
                 if device_id in target:
                     raise ValueError(f"duplicate device id {device_id!r} in resource {resource!r}")
                 target[device_id] = info
+        resources = dict(self._resources)
+        for name, devices in changed.items():
+            if devices:
+                resources[name] = MappingProxyType(devices)
+            else:
+                resources.pop(name, None)
         tree = DeviceTree.__new__(DeviceTree)
-        tree._resources = MappingProxyType(
-            {name: MappingProxyType(devices) for name, devices in resources.items() if devices}
-        )
+        tree._resources = MappingProxyType(resources)
         return tree
 
     def merged(self, other: DeviceTree) -> DeviceTree:

@@ -9,6 +9,7 @@ previous tree), not to devices x events, so a storm of events over a big tree st
 from __future__ import annotations
 
 import bisect
+import itertools
 from collections.abc import Iterable, Iterator
 
 from devplug.model import DeviceInfo, DeviceTree
@@ -38,7 +39,7 @@ class TouchedPaths:
         for path in self.paths:
             prefix = path + "/"
             start = bisect.bisect_left(ordered, prefix)
-            for source in ordered[start:]:
+            for source in itertools.islice(ordered, start, None):
                 if not source.startswith(prefix):
                     break
                 hits.add(source)
@@ -80,3 +81,41 @@ class TreeEdit:
 
     def build(self) -> DeviceTree:
         return self.previous.with_changes(self.removed, self._added)
+
+
+class PathIndex:
+    """A set of sysfs paths kept sorted between scans, so that finding the ones an event batch
+    touches costs a few set lookups and a bisect per event, not a sort of every path."""
+
+    def __init__(self, paths: Iterable[str] = ()) -> None:
+        self._members = set(paths)
+        self._sorted = sorted(self._members)
+
+    def __contains__(self, path: object) -> bool:
+        return path in self._members
+
+    def __len__(self) -> int:
+        return len(self._members)
+
+    def add(self, path: str) -> None:
+        if path not in self._members:
+            self._members.add(path)
+            bisect.insort(self._sorted, path)
+
+    def discard(self, path: str) -> None:
+        if path in self._members:
+            self._members.remove(path)
+            del self._sorted[bisect.bisect_left(self._sorted, path)]
+
+    def touched_by(self, event_paths: Iterable[str]) -> set[str]:
+        """Members equal to or above an event path, or below one."""
+        hits: set[str] = set()
+        for path in event_paths:
+            hits.update(a for a in _self_and_ancestors(path) if a in self._members)
+            prefix = path + "/"
+            start = bisect.bisect_left(self._sorted, prefix)
+            for member in itertools.islice(self._sorted, start, None):
+                if not member.startswith(prefix):
+                    break
+                hits.add(member)
+        return hits

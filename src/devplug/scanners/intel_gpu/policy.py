@@ -1,6 +1,6 @@
 """GetPreferredAllocation policies for shared GPUs: pure functions over device ids.
 
-Intel's semantics, on ids sorted in natural order:
+Intel's semantics, on ids in PCI address order, then share number:
 
 - ``none``: spread: one share from each distinct GPU first, then fill in order;
 - ``balanced``: repeatedly take a share from the GPU with the most free shares (ties: the
@@ -20,8 +20,16 @@ from __future__ import annotations
 import heapq
 from collections.abc import Callable, Mapping, Sequence
 
-from devplug.naming import natural_key
 from devplug.scanners.intel_gpu.settings import AllocationPolicy
+
+
+def share_order(device_id: str) -> tuple[str, int]:
+    """Sort key for GPU ids: by PCI address (fixed-width hex, so plain string order is bus
+    order), then by share number ("-2" before "-10")."""
+    head, sep, tail = device_id.rpartition("-")
+    if sep and tail.isdigit():
+        return head, int(tail)
+    return device_id, -1
 
 
 def _spread(
@@ -73,7 +81,7 @@ def pick(
     gpu: Callable[[str], str],
     used: set[str],
 ) -> list[str]:
-    """``count`` ids from ``candidates`` (in natural order) by ``policy``."""
+    """``count`` ids from ``candidates`` (in :func:`share_order`) by ``policy``."""
     if policy == "packed":
         return _packed(candidates, count, gpu, used)
     if policy == "balanced":
@@ -103,7 +111,7 @@ def preferred_shares(
     if remaining <= 0:
         return chosen
     taken = set(chosen)
-    candidates = sorted((i for i in dict.fromkeys(available) if i not in taken), key=natural_key)
+    candidates = sorted((i for i in dict.fromkeys(available) if i not in taken), key=share_order)
     used = {gpu(i) for i in chosen}
     groups: dict[tuple[int, ...], list[str]] = {}
     for device_id in candidates:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import Awaitable, Mapping, Sequence
+from collections.abc import Awaitable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -31,7 +31,7 @@ from devplug.model import (
     Mount,
 )
 from devplug.naming import natural_key, resource_name_problem
-from devplug.scanners.incremental import TouchedPaths
+from devplug.scanners.incremental import PathIndex
 from devplug.scanners.intel_gpu.discovery import (
     BY_PATH_DIR,
     CARD_NAME,
@@ -40,8 +40,8 @@ from devplug.scanners.intel_gpu.discovery import (
     pci_path_of_event,
     read_function,
 )
-from devplug.scanners.intel_gpu.policy import preferred_shares
-from devplug.scanners.intel_gpu.settings import IntelGpuSettings
+from devplug.scanners.intel_gpu.policy import preferred_shares, share_order
+from devplug.scanners.intel_gpu.settings import IntelGpuSettings, max_shares_per_gpu
 from devplug.scanners.udev import UdevEvent, UdevSource
 from devplug.sizing import KUBELET_MAX_RECEIVE_BYTES, WARN_FRACTION, device_entry_bytes
 
@@ -65,6 +65,15 @@ class _Entry:
     list_bytes: int
 
 
+def _totals(entries: Iterable[_Entry]) -> dict[str, tuple[int, int]]:
+    """resource -> (ListAndWatch bytes, GPUs) of ``entries``."""
+    totals: dict[str, tuple[int, int]] = {}
+    for entry in entries:
+        size, gpus = totals.get(entry.resource, (0, 0))
+        totals[entry.resource] = (size + entry.list_bytes, gpus + 1)
+    return totals
+
+
 class ListTooLargeError(ConfigError):
     """A resource's ListAndWatch message would exceed the kubelet's receive limit."""
 
@@ -83,6 +92,10 @@ class IntelGpuScanner:
         self._entries: dict[str, _Entry] = {}
         # PCI paths of functions in an SR-IOV setup at the last scan: changes there rescan all.
         self._sriov_paths: set[str] = set()
+        # Both of the above, sorted, to find what an event touches without sorting per event.
+        self._known = PathIndex()
+        # resource -> (ListAndWatch bytes, GPUs), kept up to date by rescans.
+        self._totals: dict[str, tuple[int, int]] = {}
         self._near_limit: set[str] = set()
 
     @classmethod
@@ -117,15 +130,18 @@ class IntelGpuScanner:
             if entry is not None:
                 entries[path] = entry
         builder = DeviceTreeBuilder()
-        for entry in sorted(entries.values(), key=lambda e: natural_key(e.ids[0])):
+        for entry in sorted(entries.values(), key=lambda e: share_order(e.ids[0])):
             for device_id in entry.ids:
                 builder.add(entry.resource, device_id, entry.info)
         monitoring = self._monitoring(entries)
         if monitoring is not None:
             builder.add(MONITORING_RESOURCE, MONITORING_ID, monitoring)
-        self._check_sizes(entries, {entry.resource for entry in entries.values()})
+        totals = _totals(entries.values())
+        self._check_totals(totals, set(totals))
         self._entries = entries
+        self._totals = totals
         self._sriov_paths = {path for path, f in functions.items() if f.sriov_involved}
+        self._known = PathIndex(entries.keys() | self._sriov_paths)
         return builder.build()
 
     def rescan(
@@ -134,8 +150,7 @@ class IntelGpuScanner:
         """Re-read the PCI functions the events concern; SR-IOV changes ask for a full scan."""
         if any(event.action == "move" for event in events):
             return None
-        touched = TouchedPaths(event.sys_path for event in events)
-        paths = touched.touched_sources(self._entries.keys() | self._sriov_paths)
+        paths = self._known.touched_by(event.sys_path for event in events)
         paths.update(pci_path_of_event(event.sys_path) for event in events)
         if paths & self._sriov_paths:
             return None  # VFs and their PF decide each other's fate: let a full scan sort it
@@ -168,11 +183,23 @@ class IntelGpuScanner:
             monitoring = self._monitoring(entries)
             if monitoring is not None:
                 added[MONITORING_RESOURCE] = {MONITORING_ID: monitoring}
+        totals = dict(self._totals)
+        for path in paths:
+            for entry, sign in ((self._entries.get(path), -1), (entries.get(path), 1)):
+                if entry is not None:
+                    size, gpus = totals.get(entry.resource, (0, 0))
+                    totals[entry.resource] = (size + sign * entry.list_bytes, gpus + sign)
         changed = {resource for resource, _ in removed} | set(added)
-        self._check_sizes(entries, changed - {MONITORING_RESOURCE})
+        self._check_totals(totals, changed - {MONITORING_RESOURCE})
         tree = previous.with_changes(removed, added)
         # SR-IOV paths stay as they were: a rescan that meets one defers to a full scan.
+        for path in paths:
+            if path in entries:
+                self._known.add(path)
+            elif path not in self._sriov_paths:
+                self._known.discard(path)
         self._entries = entries
+        self._totals = {resource: t for resource, t in totals.items() if t[1] > 0}
         return tree
 
     # ------------------------------------------------------------------ one GPU
@@ -193,9 +220,10 @@ class IntelGpuScanner:
                 return None
             if previous is not None and previous.resource != resource:
                 previous = None  # rebound to another GPU driver: a new device there
-            required = {m.dev_path for m in function.minors if m.is_card}
-            if previous is not None:
-                required.update(node.host_path for node in previous.info.nodes)
+            # The card node is always needed; another minor's node once it was advertised and
+            # sysfs still shows the minor (a renumbered minor is a new one, not a missing one).
+            had = set() if previous is None else {n.host_path for n in previous.info.nodes}
+            required = {m.dev_path for m in function.minors if m.is_card or m.dev_path in had}
             missing = sorted(required - function.present_nodes, key=natural_key)
             if missing and previous is None:
                 log.debug("intel_gpu.node_missing", address=function.address, nodes=missing)
@@ -268,20 +296,15 @@ class IntelGpuScanner:
     def _check_sizes(self, entries: Mapping[str, _Entry], resources: set[str]) -> None:
         """Refuse lists past the kubelet's limit (the scan fails, the last tree stays); warn
         from WARN_FRACTION of it."""
-        if not resources:
-            return
-        totals = dict.fromkeys(resources, 0)
-        gpus = dict.fromkeys(resources, 0)
-        for entry in entries.values():
-            if entry.resource in totals:
-                totals[entry.resource] += entry.list_bytes
-                gpus[entry.resource] += 1
-        for resource, total in totals.items():
+        self._check_totals(_totals(entries.values()), resources)
+
+    def _check_totals(self, totals: Mapping[str, tuple[int, int]], resources: set[str]) -> None:
+        for resource in sorted(resources):
+            total, gpus = totals.get(resource, (0, 0))
             if total > KUBELET_MAX_RECEIVE_BYTES:
-                per_gpu = max(total // max(gpus[resource], 1) // self.settings.shared_dev_num, 1)
-                fits = KUBELET_MAX_RECEIVE_BYTES // per_gpu // max(gpus[resource], 1)
+                fits = max_shares_per_gpu(gpus)
                 message = (
-                    f"{resource}: {gpus[resource]} GPUs x {self.settings.shared_dev_num} ids "
+                    f"{resource}: {gpus} GPUs x {self.settings.shared_dev_num} ids "
                     f"would make a {total:,}-byte ListAndWatch message, over the kubelet's "
                     f"{KUBELET_MAX_RECEIVE_BYTES:,}-byte limit; set shared_dev_num to at most "
                     f"{fits}"
@@ -316,7 +339,9 @@ class IntelGpuScanner:
         devices: Mapping[str, DeviceInfo],
     ) -> Sequence[str] | Awaitable[Sequence[str]]:
         if resource == MONITORING_RESOURCE:
-            return list(dict.fromkeys([*must_include, *available]))[: max(size, len(must_include))]
+            required = list(dict.fromkeys(must_include))
+            answer = list(dict.fromkeys([*required, *available]))
+            return answer[: max(size, len(required))]
         if len(available) > _INLINE_PREFERRED_IDS:
             return asyncio.to_thread(self._preferred, available, must_include, size, devices)
         return self._preferred(available, must_include, size, devices)

@@ -26,12 +26,13 @@ def share_bytes(shares: int) -> int:
     return shares * device_entry_bytes(_WORST_ADDRESS + suffix, "Unhealthy", (255,))
 
 
-def max_shares_per_gpu() -> int:
-    """The largest ``shared_dev_num`` whose list fits the kubelet's limit with a single GPU."""
-    low, high = 1, KUBELET_MAX_RECEIVE_BYTES
+def max_shares_per_gpu(gpus: int = 1) -> int:
+    """The largest ``shared_dev_num`` whose list surely fits the kubelet's limit with ``gpus``
+    GPUs in one resource (0 if not even one id each does)."""
+    low, high = 0, KUBELET_MAX_RECEIVE_BYTES
     while low < high:
         middle = (low + high + 1) // 2
-        if share_bytes(middle) <= KUBELET_MAX_RECEIVE_BYTES:
+        if max(gpus, 1) * share_bytes(middle) <= KUBELET_MAX_RECEIVE_BYTES:
             low = middle
         else:
             high = middle - 1

@@ -28,7 +28,13 @@ from devplug.testing.umockdev.host import (
     UmockdevHost,
     preload_active,
 )
-from devplug.testing.umockdev.presets import add_intel_gpu, add_pci_device, add_usb_serial
+from devplug.testing.umockdev.presets import (
+    add_drm_minors,
+    add_intel_gpu,
+    add_intel_sriov_gpu,
+    add_pci_device,
+    add_usb_serial,
+)
 from devplug.testing.umockdev.wire import encode_udev_message
 
 __all__ = [
@@ -36,7 +42,9 @@ __all__ = [
     "MockNode",
     "UeventQueueFullError",
     "UmockdevHost",
+    "add_drm_minors",
     "add_intel_gpu",
+    "add_intel_sriov_gpu",
     "add_pci_device",
     "add_usb_serial",
     "encode_udev_message",

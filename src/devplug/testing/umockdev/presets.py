@@ -25,8 +25,11 @@ def add_pci_device(
     cls: str = "0x030000",
     iommu_group: int | None = None,
     extra_attributes: Mapping[str, str] = _EMPTY,
+    extra_links: Mapping[str, str] = _EMPTY,
+    parent: str | None = None,
 ) -> str:
-    """Add a PCI function below ``/sys/devices/pci<domain>:<bus>/<address>``."""
+    """Add a PCI function below ``/sys/devices/pci<domain>:<bus>/<address>``, or below
+    ``parent`` (a bridge's path) when given."""
     match = _PCI_ADDRESS_RE.match(address)
     if match is None:
         raise ValueError(f"invalid PCI address: {address!r}")
@@ -56,18 +59,50 @@ def add_pci_device(
             f"bc{class_id >> 16 & 0xFF:02X}sc{class_id >> 8 & 0xFF:02X}i{class_id & 0xFF:02X}"
         ),
     }
-    links: dict[str, str] = {}
+    links: dict[str, str] = dict(extra_links)
     if iommu_group is not None:
         # Dangling in the testbed (trap 7): consumers read the link's basename.
         links["iommu_group"] = f"../../../kernel/iommu_groups/{iommu_group}"
+    base = parent if parent is not None else f"/sys/devices/pci{domain}:{bus_no}"
     return host.add_device(
-        f"/sys/devices/pci{domain}:{bus_no}/{address}",
+        f"{base}/{address}",
         "pci",
         attributes=attributes,
         properties=properties,
         links=links,
         driver=driver,
     )
+
+
+def add_drm_minors(
+    host: UmockdevHost,
+    parent: str,
+    *,
+    card: int,
+    render: int | None,
+    by_path: str | None = None,
+) -> list[str]:
+    """Add drm ``cardN`` (and ``renderDN``) minors below ``parent``; return their paths.
+
+    ``by_path`` (a PCI address) adds udev's ``/dev/dri/by-path/pci-<address>-card|render``
+    links, as udev's rules make them for PCI GPUs.
+    """
+    minors = [(f"card{card}", card, "card")]
+    if render is not None:
+        minors.append((f"renderD{render}", render, "render"))
+    paths = []
+    for name, minor, suffix in minors:
+        links = [f"dri/by-path/pci-{by_path.lower()}-{suffix}"] if by_path is not None else []
+        paths.append(
+            host.add_device(
+                f"{parent}/drm/{name}",
+                "drm",
+                properties={"DEVTYPE": "drm_minor"},
+                node=MockNode(f"dri/{name}", 226, minor),
+                devlinks=links,
+            )
+        )
+    return paths
 
 
 def add_intel_gpu(
@@ -77,12 +112,20 @@ def add_intel_gpu(
     card: int,
     render: int | None,
     device_id: str = "0x56a0",
-    driver: str = "i915",
+    driver: str | None = "i915",
     numa_node: int = -1,
     iommu_group: int | None = None,
     extra_attributes: Mapping[str, str] = _EMPTY,
+    physfn: str | None = None,
+    parent: str | None = None,
 ) -> str:
-    """Add an Intel GPU (PCI function + drm card/render minors); return the PCI path."""
+    """Add an Intel GPU (PCI function + drm card/render minors); return the PCI path.
+
+    ``physfn`` (the physical function's address) makes it an SR-IOV virtual function: a
+    sibling of its PF with a ``physfn`` link, as the kernel lays VFs out. A PF with VFs
+    enabled has ``sriov_numvfs`` > 0; give it in ``extra_attributes``.
+    """
+    links = {"physfn": f"../{physfn.lower()}"} if physfn is not None else {}
     pci = add_pci_device(
         host,
         address,
@@ -93,19 +136,57 @@ def add_intel_gpu(
         cls="0x030000",
         iommu_group=iommu_group,
         extra_attributes=extra_attributes,
+        extra_links=links,
+        parent=parent,
     )
-    minors = [(f"card{card}", card, "card")]
-    if render is not None:
-        minors.append((f"renderD{render}", render, "render"))
-    for name, minor, suffix in minors:
-        host.add_device(
-            f"{pci}/drm/{name}",
-            "drm",
-            properties={"DEVTYPE": "drm_minor"},
-            node=MockNode(f"dri/{name}", 226, minor),
-            devlinks=[f"dri/by-path/pci-{address.lower()}-{suffix}"],
-        )
+    add_drm_minors(host, pci, card=card, render=render, by_path=address)
     return pci
+
+
+def add_intel_sriov_gpu(
+    host: UmockdevHost,
+    address: str,
+    *,
+    card: int,
+    render: int,
+    vfs: int,
+    device_id: str = "0x56c0",
+    driver: str = "i915",
+    numa_node: int = -1,
+    parent: str | None = None,
+) -> tuple[str, list[str]]:
+    """An SR-IOV physical function with ``vfs`` virtual functions enabled (functions 1..vfs
+    of the same slot, cards and render minors numbered on from the PF's). Returns the PF's
+    path and the VFs' paths."""
+    if not 1 <= vfs <= 7:
+        raise ValueError(f"vfs must be 1..7 (functions of one slot), got {vfs}")
+    pf = add_intel_gpu(
+        host,
+        address,
+        card=card,
+        render=render,
+        device_id=device_id,
+        driver=driver,
+        numa_node=numa_node,
+        extra_attributes={"sriov_numvfs": str(vfs), "sriov_totalvfs": "7"},
+        parent=parent,
+    )
+    stem = address.lower()[:-1]
+    vf_paths = [
+        add_intel_gpu(
+            host,
+            f"{stem}{index}",
+            card=card + index,
+            render=render + index,
+            device_id=device_id,
+            driver=driver,
+            numa_node=numa_node,
+            physfn=address,
+            parent=parent,
+        )
+        for index in range(1, vfs + 1)
+    ]
+    return pf, vf_paths
 
 
 def add_usb_serial(
