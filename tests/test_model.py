@@ -96,3 +96,13 @@ def test_with_changes_removes_adds_and_validates_only_the_change() -> None:
         tree.with_changes([], {"example.com/a": {"y": DeviceInfo()}})
     with pytest.raises(InvalidNameError):
         tree.with_changes([], {"example.com/a": {"bad id/": DeviceInfo()}})
+    # A removal from a resource the tree does not have is a no-op, not a new empty resource.
+    assert "example.com/c" not in tree.with_changes([("example.com/c", "x")], {})
+
+
+def test_with_changes_shares_the_resources_it_does_not_touch() -> None:
+    tree = DeviceTree({"example.com/a": {"x": DeviceInfo()}, "example.com/b": {"y": DeviceInfo()}})
+    changed = tree.with_changes([("example.com/b", "y")], {"example.com/b": {"z": DeviceInfo()}})
+    assert changed["example.com/a"] is tree["example.com/a"]
+    assert changed["example.com/b"] is not tree["example.com/b"]
+    assert set(tree["example.com/b"]) == {"y"} and set(changed["example.com/b"]) == {"z"}
