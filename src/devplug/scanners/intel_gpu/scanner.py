@@ -30,7 +30,7 @@ from devplug.model import (
     Health,
     Mount,
 )
-from devplug.naming import natural_key, resource_name_problem
+from devplug.naming import natural_key
 from devplug.scanners.incremental import PathIndex
 from devplug.scanners.intel_gpu.discovery import (
     BY_PATH_DIR,
@@ -50,6 +50,8 @@ log = structlog.get_logger("devplug.scanners.intel_gpu")
 RESOURCE_PREFIX = "gpu.intel.com/"
 MONITORING_RESOURCE = "gpu.intel.com/monitoring"
 MONITORING_ID = "all"
+# The drm drivers of Intel GPUs: each is a resource, gpu.intel.com/<driver>.
+GPU_DRIVERS = frozenset({"i915", "xe"})
 # Above this many ids, GetPreferredAllocation sorts in a worker thread, off the event loop.
 _INLINE_PREFERRED_IDS = 2000
 
@@ -63,6 +65,9 @@ class _Entry:
     info: DeviceInfo
     monitor_nodes: frozenset[str]  # its nodes that exist, for the monitoring device
     list_bytes: int
+    # Nodes of minors it has had while sysfs still shows them: one of them missing now makes
+    # the GPU unhealthy, at this scan and every later one until it is back.
+    expected: frozenset[str] = frozenset()
 
 
 def _totals(entries: Iterable[_Entry]) -> dict[str, tuple[int, int]]:
@@ -211,19 +216,24 @@ class IntelGpuScanner:
         if not self.settings.admits(function.pci_device_id) or function.vfs_enabled > 0:
             return None
         if function.has_card and function.driver is not None:
-            resource = RESOURCE_PREFIX + function.driver
-            problem = resource_name_problem(resource)
-            if problem is not None:
-                log.warning(
-                    "intel_gpu.driver_name_unusable", address=function.address, problem=problem
+            if function.driver not in GPU_DRIVERS:
+                # A drm card under another driver is not one Intel's GPU plugin serves either
+                # way round; a GPU rebound to vfio-pci loses its cards before this is seen.
+                log.debug(
+                    "intel_gpu.driver_not_served", address=function.address, driver=function.driver
                 )
                 return None
+            resource = RESOURCE_PREFIX + function.driver
             if previous is not None and previous.resource != resource:
                 previous = None  # rebound to another GPU driver: a new device there
-            # The card node is always needed; another minor's node once it was advertised and
+            # The card node is always needed; another minor's node once the GPU has had it and
             # sysfs still shows the minor (a renumbered minor is a new one, not a missing one).
-            had = set() if previous is None else {n.host_path for n in previous.info.nodes}
+            had = frozenset() if previous is None else previous.expected
+            present = function.present_nodes
             required = {m.dev_path for m in function.minors if m.is_card or m.dev_path in had}
+            expected = frozenset(
+                m.dev_path for m in function.minors if m.dev_path in present or m.dev_path in had
+            )
             missing = sorted(required - function.present_nodes, key=natural_key)
             if missing and previous is None:
                 log.debug("intel_gpu.node_missing", address=function.address, nodes=missing)
@@ -244,7 +254,7 @@ class IntelGpuScanner:
                 numa_nodes=() if function.numa_node is None else (function.numa_node,),
                 sources=(function.sys_path, *(m.sys_path for m in function.minors)),
             )
-            return self._entry(resource, function.address, info, function.present_nodes)
+            return self._entry(resource, function.address, info, present, expected)
         if previous is None:
             return None
         was = previous.resource.removeprefix(RESOURCE_PREFIX)
@@ -261,16 +271,23 @@ class IntelGpuScanner:
             health_reason=reason,
             sources=(function.sys_path,),
         )
-        return self._entry(previous.resource, function.address, info, frozenset())
+        return self._entry(
+            previous.resource, function.address, info, frozenset(), previous.expected
+        )
 
     def _entry(
-        self, resource: str, address: str, info: DeviceInfo, present: frozenset[str]
+        self,
+        resource: str,
+        address: str,
+        info: DeviceInfo,
+        present: frozenset[str],
+        expected: frozenset[str] = frozenset(),
     ) -> _Entry:
         shares = self.settings.shared_dev_num
         ids = (address,) if shares == 1 else tuple(f"{address}-{i}" for i in range(shares))
         health = str(info.health)
         size = sum(device_entry_bytes(i, health, info.numa_nodes) for i in ids)
-        return _Entry(resource, ids, info, present, size)
+        return _Entry(resource, ids, info, present, size, expected)
 
     def _mounts(self, function: GpuFunction, by_path_dir: bool) -> tuple[Mount, ...]:
         if self.settings.bypath == "single":
