@@ -112,7 +112,11 @@ def _scan(scanners: Sequence[Scanner], output: str) -> int:
     from devplug.daemon.scanning import ScanRunner
     from devplug.report import render
 
-    result = ScanRunner(scanners).scan_blocking()
+    try:
+        result = ScanRunner(scanners).scan_blocking()
+    except ConfigError as exc:
+        print(f"devplug: configuration error: {exc}", file=sys.stderr)
+        return EXIT_CONFIG
     sys.stdout.write(render(result.tree, output))
     return 0
 
@@ -127,10 +131,26 @@ def _run(settings: Settings, scanners: Sequence[Scanner]) -> int:
 
     try:
         asyncio.run(main())
-    except Exception:
+    except Exception as exc:
+        refused = _config_error_in(exc)
+        if refused is not None:
+            print(f"devplug: configuration error: {refused}", file=sys.stderr)
+            return EXIT_CONFIG
         structlog.get_logger("devplug.daemon").exception("daemon.crashed")
         return 1
     return 0
+
+
+def _config_error_in(exc: BaseException) -> ConfigError | None:
+    """The ConfigError that stopped the daemon (its task group wraps errors in groups)."""
+    if isinstance(exc, ConfigError):
+        return exc
+    if isinstance(exc, BaseExceptionGroup):
+        for inner in exc.exceptions:
+            found = _config_error_in(inner)
+            if found is not None:
+                return found
+    return None
 
 
 def _warn_unknown_environment() -> None:

@@ -212,10 +212,10 @@ class DeviceTree(Mapping[str, Mapping[str, DeviceInfo]]):
     ) -> DeviceTree:
         """This tree without the ``removed`` (resource, id) pairs, plus ``added`` devices.
 
-        Only the added devices are validated (the rest were when this tree was built); the
-        others are carried over with a dict copy per resource, which is cheap next to
-        re-validating them. An added id that is already present (and not removed) raises
-        ValueError.
+        Only the added devices are validated (the rest were when this tree was built).
+        Resources neither removed from nor added to are shared with this tree as they are; the
+        changed ones are copied, which is cheap next to re-validating them. An added id that is
+        already present (and not removed) raises ValueError.
         """
         removed = list(removed)
         # Only the resources that change are copied; the others keep their frozen mapping.

@@ -14,7 +14,7 @@ from devplug.config import load_settings
 from devplug.errors import ConfigError
 from devplug.model import DeviceInfo, Health
 from devplug.scanners.intel_gpu import IntelGpuScanner, IntelGpuSettings, ListTooLargeError
-from devplug.scanners.intel_gpu.scanner import _Entry
+from devplug.scanners.intel_gpu.entry import GpuEntry as _Entry
 from devplug.scanners.intel_gpu.settings import max_shares_per_gpu, share_bytes
 from devplug.scanners.registry import build_scanners
 from devplug.sizing import KUBELET_MAX_RECEIVE_BYTES, WARN_FRACTION, device_entry_bytes
@@ -232,9 +232,10 @@ def address(index: int) -> str:
 
 
 def gpu_bytes(shares: int) -> int:
-    """What one healthy GPU without NUMA information adds to the list."""
+    """What one GPU without NUMA information is counted for: its ids as if Unhealthy (the
+    longer word), so that a change of health never decides whether a list fits."""
     ids = [address(0)] if shares == 1 else [f"{address(0)}-{i}" for i in range(shares)]
-    return sum(device_entry_bytes(i, "Healthy") for i in ids)
+    return sum(device_entry_bytes(i, "Unhealthy") for i in ids)
 
 
 def advertised(
@@ -265,13 +266,16 @@ def test_entries_cost_what_device_entry_bytes_says() -> None:
     _, single = advertised(1, 1)
     (entry,) = single.values()
     assert entry.ids == (address(0),) and entry.list_bytes == gpu_bytes(1)
-    # Health and NUMA nodes are part of each id's entry.
+    # NUMA nodes are part of each id's entry; health is not: a healthy GPU is counted at the
+    # unhealthy size, so that turning unhealthy cannot push a list over the limit.
     scanner = IntelGpuScanner(settings(shared_dev_num=3))
     sick = DeviceInfo(health=Health.UNHEALTHY, numa_nodes=(1,))
+    well = DeviceInfo(numa_nodes=(1,))
     entry = scanner._entry(I915, address(0), sick, frozenset())
     assert entry.ids == tuple(f"{address(0)}-{i}" for i in range(3))
     assert entry.list_bytes == sum(device_entry_bytes(i, "Unhealthy", (1,)) for i in entry.ids)
-    assert entry.list_bytes > sum(device_entry_bytes(i, "Healthy") for i in entry.ids)
+    assert scanner._entry(I915, address(0), well, frozenset()).list_bytes == entry.list_bytes
+    assert entry.list_bytes > sum(device_entry_bytes(i, "Healthy", (1,)) for i in entry.ids)
 
 
 def test_a_list_over_4_mib_is_refused_with_a_smaller_shared_dev_num() -> None:

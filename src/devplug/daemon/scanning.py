@@ -2,7 +2,8 @@
 
 Scanners are synchronous and may take long on big hosts, so a scan runs in a worker thread
 (``asyncio.to_thread``). A scanner that raises keeps its previous result (a transient sysfs
-error must not drop a resource's capacity); the failure is logged with its reason.
+error must not drop a resource's capacity); the failure is logged with its reason. A
+ConfigError from a scanner's first scan is raised: the host cannot be served as configured.
 
 After udev events, only the scanners the events may concern run: an
 :class:`~devplug.scanners.base.IncrementalScanner` updates its previous tree from the events,
@@ -19,7 +20,7 @@ from dataclasses import dataclass, field
 
 import structlog
 
-from devplug.errors import ScanCancelled
+from devplug.errors import ConfigError, ScanCancelled
 from devplug.model import DeviceTree
 from devplug.scanners.base import IncrementalScanner, Scanner
 from devplug.scanners.udev import UdevEvent, UdevSource
@@ -88,6 +89,13 @@ class ScanRunner:
                     full += 1
             except ScanCancelled:
                 raise
+            except ConfigError:
+                if index not in self._last:
+                    # The host cannot be served as configured (a list too big for the kubelet,
+                    # say): refuse at start-up, as for any configuration error.
+                    raise
+                log.exception("scan.failed", scanner=scanner.name, kept_previous=True)
+                tree = self._last[index]
             except Exception:
                 log.exception(
                     "scan.failed", scanner=scanner.name, kept_previous=index in self._last

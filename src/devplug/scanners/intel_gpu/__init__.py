@@ -1,11 +1,8 @@
 """The Intel GPU scanner (``scanners.intel_gpu``, ``--scanner intel-gpu``)."""
 
-from devplug.scanners.intel_gpu.scanner import (
-    MONITORING_ID,
-    MONITORING_RESOURCE,
-    IntelGpuScanner,
-    ListTooLargeError,
-)
+from devplug.scanners.intel_gpu.budget import ListTooLargeError
+from devplug.scanners.intel_gpu.monitoring import MONITORING_ID, MONITORING_RESOURCE
+from devplug.scanners.intel_gpu.scanner import IntelGpuScanner
 from devplug.scanners.intel_gpu.settings import IntelGpuSettings
 
 __all__ = [

@@ -48,7 +48,8 @@ class GpuFunction:
     driver: str | None  # from udev's DRIVER; None when unbound or not a plain name
     numa_node: int | None
     vfs_enabled: int  # sriov_numvfs; > 0 means a physical function with VFs
-    is_virtual_function: bool
+    is_virtual_function: bool  # it has a physfn link
+    physical_function: str | None  # that link's PF address, when it is a valid one
     minors: tuple[DrmMinor, ...]  # card and render minors in sysfs, cards first
     present_nodes: frozenset[str]  # the /dev paths of ``minors`` that exist
     by_path_links: tuple[str, ...]  # /dev/dri/by-path/pci-<address>-card|render that exist
@@ -56,6 +57,13 @@ class GpuFunction:
     @property
     def has_card(self) -> bool:
         return any(minor.is_card for minor in self.minors)
+
+    @property
+    def physical_function_path(self) -> str | None:
+        """The PF's sysfs path: the kernel puts VFs beside their PF, under the same parent."""
+        if self.physical_function is None:
+            return None
+        return f"{self.sys_path.rsplit('/', 1)[0]}/{self.physical_function}"
 
     @property
     def sriov_involved(self) -> bool:
@@ -101,6 +109,7 @@ def read_function(source: UdevSource, pci_path: str) -> GpuFunction | None:
     raw_id = device.int_attribute("device", 16)
     driver = device.driver
     numvfs = device.int_attribute("sriov_numvfs", 10)
+    physfn = device.link_basename("physfn")
     minors = _drm_minors(device.sys_path)
     present = frozenset(m.dev_path for m in minors if source.node_exists(m.dev_path))
     links = tuple(
@@ -115,7 +124,8 @@ def read_function(source: UdevSource, pci_path: str) -> GpuFunction | None:
         driver=driver if driver is not None and _DRIVER_NAME.fullmatch(driver) else None,
         numa_node=source.numa_node(device),
         vfs_enabled=max(numvfs or 0, 0),
-        is_virtual_function=device.link_basename("physfn") is not None,
+        is_virtual_function=physfn is not None,
+        physical_function=physfn if physfn is not None and PCI_ADDRESS.fullmatch(physfn) else None,
         minors=minors,
         present_nodes=present,
         by_path_links=links,

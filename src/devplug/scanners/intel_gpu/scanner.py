@@ -15,13 +15,12 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import Awaitable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Awaitable, Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 import structlog
 
-from devplug.errors import ConfigError
 from devplug.model import (
     DeviceInfo,
     DeviceNode,
@@ -32,6 +31,7 @@ from devplug.model import (
 )
 from devplug.naming import natural_key
 from devplug.scanners.incremental import PathIndex
+from devplug.scanners.intel_gpu.budget import ListBudget
 from devplug.scanners.intel_gpu.discovery import (
     BY_PATH_DIR,
     CARD_NAME,
@@ -40,47 +40,20 @@ from devplug.scanners.intel_gpu.discovery import (
     pci_path_of_event,
     read_function,
 )
+from devplug.scanners.intel_gpu.entry import GpuEntry, entry_totals
+from devplug.scanners.intel_gpu.monitoring import MONITORING_ID, MONITORING_RESOURCE, MonitorNodes
 from devplug.scanners.intel_gpu.policy import preferred_shares, share_order
-from devplug.scanners.intel_gpu.settings import IntelGpuSettings, max_shares_per_gpu
+from devplug.scanners.intel_gpu.settings import IntelGpuSettings
 from devplug.scanners.udev import UdevEvent, UdevSource
-from devplug.sizing import KUBELET_MAX_RECEIVE_BYTES, WARN_FRACTION, device_entry_bytes
+from devplug.sizing import device_entry_bytes
 
 log = structlog.get_logger("devplug.scanners.intel_gpu")
 
 RESOURCE_PREFIX = "gpu.intel.com/"
-MONITORING_RESOURCE = "gpu.intel.com/monitoring"
-MONITORING_ID = "all"
 # The drm drivers of Intel GPUs: each is a resource, gpu.intel.com/<driver>.
 GPU_DRIVERS = frozenset({"i915", "xe"})
 # Above this many ids, GetPreferredAllocation sorts in a worker thread, off the event loop.
 _INLINE_PREFERRED_IDS = 2000
-
-
-@dataclass(frozen=True, slots=True)
-class _Entry:
-    """One advertised GPU: its resource, ids, what they carry and what they cost in bytes."""
-
-    resource: str
-    ids: tuple[str, ...]
-    info: DeviceInfo
-    monitor_nodes: frozenset[str]  # its nodes that exist, for the monitoring device
-    list_bytes: int
-    # Nodes of minors it has had while sysfs still shows them: one of them missing now makes
-    # the GPU unhealthy, at this scan and every later one until it is back.
-    expected: frozenset[str] = frozenset()
-
-
-def _totals(entries: Iterable[_Entry]) -> dict[str, tuple[int, int]]:
-    """resource -> (ListAndWatch bytes, GPUs) of ``entries``."""
-    totals: dict[str, tuple[int, int]] = {}
-    for entry in entries:
-        size, gpus = totals.get(entry.resource, (0, 0))
-        totals[entry.resource] = (size + entry.list_bytes, gpus + 1)
-    return totals
-
-
-class ListTooLargeError(ConfigError):
-    """A resource's ListAndWatch message would exceed the kubelet's receive limit."""
 
 
 class IntelGpuScanner:
@@ -94,14 +67,17 @@ class IntelGpuScanner:
         self.settings = settings or IntelGpuSettings()
         self._field = field
         # PCI path -> what the last scan advertised for it (the memory behind Unhealthy).
-        self._entries: dict[str, _Entry] = {}
+        self._entries: dict[str, GpuEntry] = {}
         # PCI paths of functions in an SR-IOV setup at the last scan: changes there rescan all.
         self._sriov_paths: set[str] = set()
         # Both of the above, sorted, to find what an event touches without sorting per event.
         self._known = PathIndex()
         # resource -> (ListAndWatch bytes, GPUs), kept up to date by rescans.
         self._totals: dict[str, tuple[int, int]] = {}
-        self._near_limit: set[str] = set()
+        self._budget = ListBudget(field, self.settings.shared_dev_num)
+        self._monitor = MonitorNodes()
+        # False until a scan succeeded: a host too big for the kubelet's limit is refused then.
+        self._scanned = False
 
     @classmethod
     def from_config(cls, raw: Any, field: str = "scanners.intel_gpu") -> IntelGpuScanner:
@@ -129,25 +105,32 @@ class IntelGpuScanner:
             if function is not None:
                 functions[path] = function
         by_path_dir = self._by_path_dir_exists()
-        entries: dict[str, _Entry] = {}
+        entries: dict[str, GpuEntry] = {}
         for path, function in functions.items():
             entry = self._evaluate(function, self._entries.get(path), by_path_dir)
             if entry is not None:
                 entries[path] = entry
+        totals = entry_totals(entries.values())
+        if self._scanned:
+            self._budget.hold_back(entries, self._entries, totals, set(totals))
+        else:
+            self._budget.refuse_if_over(totals, set(totals))
+        self._budget.warn_if_near(totals)
         builder = DeviceTreeBuilder()
         for entry in sorted(entries.values(), key=lambda e: share_order(e.ids[0])):
             for device_id in entry.ids:
                 builder.add(entry.resource, device_id, entry.info)
-        monitoring = self._monitoring(entries)
-        if monitoring is not None:
-            builder.add(MONITORING_RESOURCE, MONITORING_ID, monitoring)
-        totals = _totals(entries.values())
-        self._check_totals(totals, set(totals))
+        monitor = MonitorNodes(n for entry in entries.values() for n in entry.monitor_nodes)
+        if self.settings.monitoring and entries:
+            builder.add(MONITORING_RESOURCE, MONITORING_ID, monitor.device())
+        tree = builder.build()
         self._entries = entries
         self._totals = totals
+        self._monitor = monitor
         self._sriov_paths = {path for path, f in functions.items() if f.sriov_involved}
         self._known = PathIndex(entries.keys() | self._sriov_paths)
-        return builder.build()
+        self._scanned = True
+        return tree
 
     def rescan(
         self, source: UdevSource, previous: DeviceTree, events: Sequence[UdevEvent]
@@ -163,8 +146,8 @@ class IntelGpuScanner:
         entries = dict(self._entries)
         for path in sorted(paths):
             function = read_function(source, path)
-            if function is not None and function.sriov_involved:
-                return None
+            if function is not None and self._sriov_concerns_gpus(function):
+                return None  # VFs and their PF decide each other's fate: a full scan sorts it
             entry = None
             if function is not None:
                 entry = self._evaluate(function, self._entries.get(path), by_path_dir)
@@ -172,6 +155,15 @@ class IntelGpuScanner:
                 entries.pop(path, None)
             else:
                 entries[path] = entry
+        totals = dict(self._totals)
+        for path in paths:
+            for entry, sign in ((self._entries.get(path), -1), (entries.get(path), 1)):
+                if entry is not None:
+                    size, gpus = totals.get(entry.resource, (0, 0))
+                    totals[entry.resource] = (size + sign * entry.list_bytes, gpus + sign)
+        touched = {e.resource for p in paths for e in (self._entries.get(p), entries.get(p)) if e}
+        self._budget.hold_back(entries, self._entries, totals, touched)
+        self._budget.warn_if_near(totals)
         removed = [
             (old.resource, device_id)
             for path in paths
@@ -184,18 +176,7 @@ class IntelGpuScanner:
             if new is not None:
                 added.setdefault(new.resource, {}).update(dict.fromkeys(new.ids, new.info))
         if self.settings.monitoring:
-            removed.append((MONITORING_RESOURCE, MONITORING_ID))
-            monitoring = self._monitoring(entries)
-            if monitoring is not None:
-                added[MONITORING_RESOURCE] = {MONITORING_ID: monitoring}
-        totals = dict(self._totals)
-        for path in paths:
-            for entry, sign in ((self._entries.get(path), -1), (entries.get(path), 1)):
-                if entry is not None:
-                    size, gpus = totals.get(entry.resource, (0, 0))
-                    totals[entry.resource] = (size + sign * entry.list_bytes, gpus + sign)
-        changed = {resource for resource, _ in removed} | set(added)
-        self._check_totals(totals, changed - {MONITORING_RESOURCE})
+            self._update_monitoring(paths, entries, removed, added)
         tree = previous.with_changes(removed, added)
         # SR-IOV paths stay as they were: a rescan that meets one defers to a full scan.
         for path in paths:
@@ -207,11 +188,47 @@ class IntelGpuScanner:
         self._totals = {resource: t for resource, t in totals.items() if t[1] > 0}
         return tree
 
+    def _update_monitoring(
+        self,
+        paths: set[str],
+        entries: Mapping[str, GpuEntry],
+        removed: list[tuple[str, str]],
+        added: dict[str, dict[str, DeviceInfo]],
+    ) -> None:
+        """Re-issue the monitoring device if the touched GPUs changed its nodes (or whether
+        there is one at all)."""
+        changed = False
+        for path in paths:
+            old, new = self._entries.get(path), entries.get(path)
+            before = old.monitor_nodes if old is not None else frozenset()
+            after = new.monitor_nodes if new is not None else frozenset()
+            if before != after:
+                changed = True
+                for node in before:
+                    self._monitor.discard(node)
+                for node in after:
+                    self._monitor.add(node)
+        if not changed and bool(self._entries) == bool(entries):
+            return
+        removed.append((MONITORING_RESOURCE, MONITORING_ID))
+        if entries:
+            added[MONITORING_RESOURCE] = {MONITORING_ID: self._monitor.device()}
+
+    def _sriov_concerns_gpus(self, function: GpuFunction) -> bool:
+        """Whether an SR-IOV function is (or belongs to) a GPU, so its change needs a full
+        scan; an Intel NIC's PFs and VFs are no concern of ours and are rescanned as usual."""
+        if not function.sriov_involved:
+            return False
+        if function.minors or function.sys_path in self._known:
+            return True
+        pf = function.physical_function_path
+        return pf is not None and pf in self._known
+
     # ------------------------------------------------------------------ one GPU
 
     def _evaluate(
-        self, function: GpuFunction, previous: _Entry | None, by_path_dir: bool
-    ) -> _Entry | None:
+        self, function: GpuFunction, previous: GpuEntry | None, by_path_dir: bool
+    ) -> GpuEntry | None:
         """What to advertise for ``function`` now, given what was advertised last time."""
         if not self.settings.admits(function.pci_device_id) or function.vfs_enabled > 0:
             return None
@@ -282,12 +299,12 @@ class IntelGpuScanner:
         info: DeviceInfo,
         present: frozenset[str],
         expected: frozenset[str] = frozenset(),
-    ) -> _Entry:
+    ) -> GpuEntry:
         shares = self.settings.shared_dev_num
         ids = (address,) if shares == 1 else tuple(f"{address}-{i}" for i in range(shares))
-        health = str(info.health)
-        size = sum(device_entry_bytes(i, health, info.numa_nodes) for i in ids)
-        return _Entry(resource, ids, info, present, size, expected)
+        # Counted as Unhealthy, the longer word: see GpuEntry.list_bytes.
+        size = sum(device_entry_bytes(i, "Unhealthy", info.numa_nodes) for i in ids)
+        return GpuEntry(resource, ids, info, present, size, expected)
 
     def _mounts(self, function: GpuFunction, by_path_dir: bool) -> tuple[Mount, ...]:
         if self.settings.bypath == "single":
@@ -299,51 +316,11 @@ class IntelGpuScanner:
     def _by_path_dir_exists(self) -> bool:
         return self.settings.bypath == "all" and os.path.isdir(BY_PATH_DIR)
 
-    def _monitoring(self, entries: Mapping[str, _Entry]) -> DeviceInfo | None:
-        """The one monitoring device: every advertised GPU's existing nodes, for telemetry."""
-        if not self.settings.monitoring or not entries:
-            return None
-        nodes = sorted(
-            {n for entry in entries.values() for n in entry.monitor_nodes}, key=natural_key
-        )
-        return DeviceInfo(nodes=tuple(DeviceNode(node) for node in nodes))
-
-    # ------------------------------------------------------------------ size guard
-
-    def _check_sizes(self, entries: Mapping[str, _Entry], resources: set[str]) -> None:
-        """Refuse lists past the kubelet's limit (the scan fails, the last tree stays); warn
-        from WARN_FRACTION of it."""
-        self._check_totals(_totals(entries.values()), resources)
-
-    def _check_totals(self, totals: Mapping[str, tuple[int, int]], resources: set[str]) -> None:
-        for resource in sorted(resources):
-            total, gpus = totals.get(resource, (0, 0))
-            if total > KUBELET_MAX_RECEIVE_BYTES:
-                fits = max_shares_per_gpu(gpus)
-                message = (
-                    f"{resource}: {gpus} GPUs x {self.settings.shared_dev_num} ids "
-                    f"would make a {total:,}-byte ListAndWatch message, over the kubelet's "
-                    f"{KUBELET_MAX_RECEIVE_BYTES:,}-byte limit; set shared_dev_num to at most "
-                    f"{fits}"
-                )
-                log.error(
-                    "intel_gpu.list_too_large",
-                    field=f"{self._field}.shared_dev_num",
-                    reason=message,
-                )
-                raise ListTooLargeError(f"{self._field}.shared_dev_num", message)
-            near = total >= WARN_FRACTION * KUBELET_MAX_RECEIVE_BYTES
-            if near and resource not in self._near_limit:
-                log.warning(
-                    "intel_gpu.list_near_limit",
-                    resource=resource,
-                    bytes=total,
-                    limit=KUBELET_MAX_RECEIVE_BYTES,
-                    hint=f"lower {self._field}.shared_dev_num",
-                )
-                self._near_limit.add(resource)
-            elif not near:
-                self._near_limit.discard(resource)
+    def _check_sizes(self, entries: Mapping[str, GpuEntry], resources: set[str]) -> None:
+        """The start-up check: refuse lists past the kubelet's limit; warn from 80 % of it."""
+        totals = entry_totals(entries.values())
+        self._budget.refuse_if_over(totals, resources)
+        self._budget.warn_if_near(totals)
 
     # ------------------------------------------------------------------ allocation hook
 
