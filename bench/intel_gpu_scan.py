@@ -9,7 +9,8 @@ their by-path links) a testbed is built on a tmpfs, then, alternating, ``--runs`
   devplug's udev source enumerates; faster than libudev's enumerator), for reference;
 - devplug: ``IntelGpuScanner.scan`` with the defaults (vendor and driver checks, SR-IOV and
   allow/deny checks, nodes and by-path links stat'ed, NUMA read, the size guard);
-- rescan: one GPU's incremental rescan after a ``change`` event, for scale.
+- rescan: one GPU's incremental rescan after a ``change`` event, for scale, also with the
+  monitoring device on (which carries every GPU's nodes) while one GPU's card node flaps.
 
 Medians are printed with the ratio to the floor. Nothing is asserted.
 
@@ -29,7 +30,7 @@ import pyudev
 
 from bench.common import gpu_address, gpu_host, require_preload, scratch_dir
 from devplug.model import DeviceTree
-from devplug.scanners.intel_gpu import IntelGpuScanner
+from devplug.scanners.intel_gpu import IntelGpuScanner, IntelGpuSettings
 from devplug.scanners.udev import UdevEvent, UdevSource
 
 
@@ -81,6 +82,18 @@ def measure(count: int, runs: int) -> None:
             rescans = []
             for _ in range(runs):
                 rescans.append(timed(lambda: rescan(scanner, tree, event)))
+            # With the monitoring device, whose nodes are every GPU's: the node vanishes and
+            # comes back, so the device changes at every rescan.
+            watched = IntelGpuScanner(IntelGpuSettings(monitoring=True))
+            watched_tree = watched.scan(UdevSource())
+            card = f"{target}/drm/card{count // 2}"
+            monitored = []
+            change = [UdevEvent("change", card, "drm")]
+            for run in range(runs):
+                host.set_node_present(card, run % 2 == 1)
+                started = time.perf_counter()
+                watched_tree = rescan(watched, watched_tree, change)
+                monitored.append(time.perf_counter() - started)
         floor_s, full_s = statistics.median(floor), statistics.median(full)
         by_path_s = statistics.median(by_path)
         print(
@@ -88,14 +101,16 @@ def measure(count: int, runs: int) -> None:
             f"{floor_s * 1000:.0f} ms (opened by path: {by_path_s * 1000:.0f} ms); "
             f"devplug full scan {full_s * 1000:.0f} ms = {full_s / floor_s:.2f}x the floor "
             f"({full_s / by_path_s:.2f}x by path); one-GPU rescan "
-            f"{statistics.median(rescans) * 1000:.2f} ms (medians of {runs})"
+            f"{statistics.median(rescans) * 1000:.2f} ms, with monitoring "
+            f"{statistics.median(monitored) * 1000:.2f} ms (medians of {runs})"
         )
 
 
-def rescan(scanner: IntelGpuScanner, tree: DeviceTree, events: list[UdevEvent]) -> None:
+def rescan(scanner: IntelGpuScanner, tree: DeviceTree, events: list[UdevEvent]) -> DeviceTree:
     result = scanner.rescan(UdevSource(), tree, events)
     if result is None:
         raise RuntimeError("the rescan asked for a full scan")
+    return result
 
 
 def main() -> None:
