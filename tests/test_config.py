@@ -39,10 +39,46 @@ def test_precedence_defaults_file_env_flags(tmp_path: Path) -> None:
     settings = load_settings(config, {"kubelet_dir": Path("/from/flag")}, [], env)
     assert settings.kubelet_dir == Path("/from/flag")
     assert settings.log_level == "warning"
-    assert settings.cdi_dir == Path("/cdi/file")
+    assert settings.cdi.dir == Path("/cdi/file")  # the top-level key still sets cdi.dir
     defaults = load_settings(None, {}, [], {})
     assert defaults.kubelet_dir == Path("/var/lib/kubelet/device-plugins")
-    assert defaults.cdi_dir == Path("/var/run/cdi")
+    assert defaults.cdi.dir == Path("/var/run/cdi")
+
+
+def test_cdi_dir_from_file_env_and_flag(tmp_path: Path) -> None:
+    config = write(tmp_path, "cdi: {dir: /cdi/file, annotations: true}\n")
+    assert load_settings(config, {}, [], {}).cdi.dir == Path("/cdi/file")
+    from_env = load_settings(config, {}, [], {"DEVPLUG_CDI_DIR": "/cdi/env"})
+    assert from_env.cdi.dir == Path("/cdi/env") and from_env.cdi.annotations
+    from_flag = load_settings(config, {"cdi_dir": Path("/cdi/flag")}, [], {"DEVPLUG_CDI_DIR": "/x"})
+    assert from_flag.cdi.dir == Path("/cdi/flag") and from_flag.cdi.annotations
+
+
+@pytest.mark.parametrize(
+    ("text", "field", "words"),
+    [
+        ("cdi: {dir: relative/cdi}", "cdi.dir", "absolute"),
+        ("cdi: {kinds: {example.com/serial: serial}}", "cdi.kinds", "<vendor>/<class>"),
+        (
+            "cdi: {kinds: {example.com/serial: 1vendor.com/serial}}",
+            "cdi.kinds",
+            "start with a letter",
+        ),
+        ("cdi: {kinds: {serial: example.com/serial}}", "cdi.kinds", "not a resource name"),
+        (
+            "cdi: {kinds: {example.com/a: example.com/x, example.com/b: example.com/x}}",
+            "cdi.kinds",
+            "share the spec file",
+        ),
+        ("cdi: {enable: false}", "cdi.enable", "did you mean 'enabled'"),
+        ("cdi: [x]", "cdi", "valid dictionary"),
+    ],
+)
+def test_bad_cdi_settings_name_the_field(tmp_path: Path, text: str, field: str, words: str) -> None:
+    with pytest.raises(ConfigError) as refused:
+        load_settings(write(tmp_path, text + "\n"), {}, [], {})
+    assert refused.value.field == field
+    assert words in refused.value.message
 
 
 def test_scanner_flag_and_env_add_builtins_with_defaults(tmp_path: Path) -> None:

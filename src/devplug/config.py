@@ -18,6 +18,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from devplug.errors import ConfigError
+from devplug.naming import cdi_kind_problem, resource_name_problem
 
 DEFAULT_KUBELET_DIR = Path("/var/lib/kubelet/device-plugins")
 DEFAULT_CDI_DIR = Path("/var/run/cdi")
@@ -54,16 +55,62 @@ class HotplugSettings(StrictModel):
     health_hold_down_s: float = Field(default=5.0, ge=0, le=3600)
 
 
+class CdiSettings(StrictModel):
+    """CDI spec files: one per resource, ``<vendor>-<class>.json`` in ``dir``.
+
+    ``annotations``: also name the devices in ``cdi.k8s.io/`` annotations of the Allocate
+    answer, for runtimes that read CDI devices only from annotations (before Kubernetes 1.29
+    passed them in the CRI). ``device_specs``: keep returning device nodes, mounts and env in
+    Allocate besides the CDI names (on by default: a runtime without CDI support still gets
+    the devices, and CDI injection replaces a node of the same path rather than adding it
+    twice). ``keep_on_exit``: leave the specs in place when devplug stops. ``kinds``:
+    resource -> CDI kind, where the resource name itself is not the kind wanted.
+    """
+
+    enabled: bool = True
+    dir: Path = DEFAULT_CDI_DIR
+    annotations: bool = False
+    device_specs: bool = True
+    keep_on_exit: bool = False
+    kinds: dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("dir")
+    @classmethod
+    def _absolute_dir(cls, value: Path) -> Path:
+        if not value.is_absolute():
+            raise ValueError(f"must be an absolute path, got {str(value)!r}")
+        return value
+
+    @field_validator("kinds")
+    @classmethod
+    def _valid_kinds(cls, value: dict[str, str]) -> dict[str, str]:
+        for resource, kind in value.items():
+            problem = resource_name_problem(resource)
+            if problem is not None:
+                raise ValueError(f"{resource!r} is not a resource name: {problem}")
+            problem = cdi_kind_problem(kind)
+            if problem is not None:
+                raise ValueError(f"kind {kind!r} for {resource!r}: {problem}")
+        files = [kind.replace("/", "-") for kind in value.values()]
+        clash = sorted({f for f in files if files.count(f) > 1})
+        if clash:
+            raise ValueError(
+                f"two resources would share the spec file {clash[0]}.json; give them "
+                "different kinds"
+            )
+        return value
+
+
 class Settings(StrictModel):
     kubelet_dir: Path = DEFAULT_KUBELET_DIR
-    cdi_dir: Path = DEFAULT_CDI_DIR
+    cdi: CdiSettings = CdiSettings()
     log_format: LogFormat | None = None
     log_level: LogLevel = "info"
     hotplug: HotplugSettings = HotplugSettings()
     # scanner name -> its raw section; validated by devplug.scanners.registry.
     scanners: dict[str, Any] = Field(default_factory=dict)
 
-    @field_validator("kubelet_dir", "cdi_dir")
+    @field_validator("kubelet_dir")
     @classmethod
     def _absolute(cls, value: Path) -> Path:
         if not value.is_absolute():
@@ -173,6 +220,15 @@ def load_settings(
     raw: dict[str, Any] = read_config_file(config_file) if config_file is not None else {}
     raw.update(env_overrides(environ))
     raw.update({key: value for key, value in flags.items() if value is not None})
+    if "cdi_dir" in raw:
+        # --cdi-dir, DEVPLUG_CDI_DIR and a top-level cdi_dir key all set cdi.dir.
+        cdi = raw.get("cdi")
+        if cdi is None:
+            cdi = {}
+        if not isinstance(cdi, dict):
+            raise ConfigError("cdi", "must be a mapping of CDI settings")
+        cdi["dir"] = raw.pop("cdi_dir")
+        raw["cdi"] = cdi
     # Flags spell names with "-" (intel-gpu), config sections with "_" (intel_gpu).
     names = [name.replace("-", "_") for name in (*env_scanners(environ), *scanner_names)]
     if names:

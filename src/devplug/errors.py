@@ -39,3 +39,8 @@ class ScanCancelled(DevplugError):
 
     Raised by the device source; scanners should let it propagate.
     """
+
+
+class CdiSpecError(DevplugError, ValueError):
+    """A CDI spec breaks a rule the CDI library applies when it loads specs (so a runtime would
+    reject the file); the message names the field."""

@@ -20,6 +20,8 @@ _DNS1123_SUBDOMAIN = re.compile(rf"^{_DNS1123_LABEL}(\.{_DNS1123_LABEL})*$")
 _QUALIFIED_NAME = re.compile(r"^([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]$")
 _DEVICE_ID = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9_.:-]*[A-Za-z0-9])?$")
 
+_CDI_VENDOR_OR_CLASS = re.compile(r"^[A-Za-z]([A-Za-z0-9_.-]*[A-Za-z0-9])?$")
+
 REQUESTS_PREFIX = "requests."
 NATIVE_NAMESPACE = "kubernetes.io/"
 MAX_SUBDOMAIN = 253
@@ -118,3 +120,21 @@ def natural_key(text: str) -> tuple[tuple[int, int | str], ...]:
     return tuple(
         (0, int(part)) if part.isdigit() else (1, part) for part in re.split(r"(\d+)", text) if part
     )
+
+
+def cdi_kind_problem(kind: str) -> str | None:
+    """Why ``kind`` is not a CDI kind (``<vendor>/<class>``, as the CDI library checks it:
+    each part starts with a letter, ends with a letter or digit, and holds only letters,
+    digits, "_", "-" and "."), or None."""
+    vendor, sep, cls = kind.partition("/")
+    if not sep:
+        return "must be '<vendor>/<class>', e.g. example.com/serial"
+    for what, part in (("vendor", vendor), ("class", cls)):
+        if not part:
+            return f"the {what} part is empty"
+        if not _CDI_VENDOR_OR_CLASS.match(part):
+            return (
+                f"the {what} {part!r} must start with a letter, end with a letter or digit, "
+                "and hold only letters, digits, '_', '-' and '.'"
+            )
+    return None

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import structlog
 
+from devplug.daemon.cdi_allocation import CdiOptions
 from devplug.daemon.kubelet import KubeletDirWatcher
 from devplug.daemon.notifier import diff
 from devplug.daemon.server import DEFAULT_TIMING, ResourceServer, ServerTiming
@@ -36,8 +37,10 @@ class Manager:
         watcher: KubeletDirWatcher,
         task_group: asyncio.TaskGroup,
         timing: ServerTiming = DEFAULT_TIMING,
+        cdi: CdiOptions | None = None,
     ) -> None:
         self.kubelet_dir = kubelet_dir
+        self.cdi = cdi
         self.watcher = watcher
         self.timing = timing
         self._task_group = task_group
@@ -73,6 +76,7 @@ class Manager:
                 kubelet_dir=self.kubelet_dir,
                 watcher=self.watcher,
                 timing=self.timing,
+                cdi=self.cdi,
             )
             task = self._task_group.create_task(server.run(), name=f"server:{name}")
             self._running[name] = _Running(server, task)

@@ -19,6 +19,8 @@ from pathlib import Path
 import structlog
 
 from devplug.config import Settings
+from devplug.daemon.cdi_allocation import CdiOptions
+from devplug.daemon.cdi_sync import CdiCatalog, CdiSync
 from devplug.daemon.events import UDEV_CONTROL, MonitorOpener, UeventListener, choose_source
 from devplug.daemon.health import HealthGate
 from devplug.daemon.kubelet import KubeletDirWatcher
@@ -63,6 +65,13 @@ class Daemon:
         # Counters for tests, benchmarks and (later) metrics.
         self.full_scans = 0
         self.incremental_scans = 0
+        cdi = settings.cdi
+        # What the spec files on disk define, shared by the CDI task and every servicer.
+        self.cdi_catalog = CdiCatalog()
+        self.cdi_sync = CdiSync(cdi, self.cdi_catalog) if cdi.enabled else None
+        self._cdi_options = (
+            CdiOptions(self.cdi_catalog, cdi.annotations, cdi.device_specs) if cdi.enabled else None
+        )
         self._scan_lock = asyncio.Lock()
         self._wake = asyncio.Event()
         self._full_scan_requested = False
@@ -87,10 +96,15 @@ class Daemon:
             scanners=[s.name for s in self.scan_runner.scanners],
         )
         async with asyncio.TaskGroup() as group:
-            manager = Manager(self.settings.kubelet_dir, self.watcher, group, self.timing)
+            manager = Manager(
+                self.settings.kubelet_dir, self.watcher, group, self.timing, self._cdi_options
+            )
             self.manager = manager
             watcher = group.create_task(self.watcher.run(), name="kubelet-watcher")
             scan_loop = group.create_task(self._scan_loop(), name="scan-loop")
+            cdi_task = None
+            if self.cdi_sync is not None:
+                cdi_task = group.create_task(self.cdi_sync.run(), name="cdi-sync")
             try:
                 await self.stop_requested.wait()
                 log.info("daemon.stopping")
@@ -99,6 +113,10 @@ class Daemon:
                 await asyncio.wait({scan_loop})
                 watcher.cancel()
                 await manager.shutdown()
+                if cdi_task is not None and self.cdi_sync is not None:
+                    cdi_task.cancel()
+                    await asyncio.wait({cdi_task})
+                    await self.cdi_sync.close()
             finally:
                 self.listener.close()
         log.info("daemon.stopped")
@@ -115,14 +133,22 @@ class Daemon:
             self.full_scans += result.full
             self.incremental_scans += result.incremental
             self._raw, self._owners = result.tree, result.owners
-            await self.manager.apply(self.health.gate(self._raw), self._owners)
+            await self._publish(self.health.gate(self._raw))
 
     async def _apply_health(self) -> None:
         """Publish devices whose hold-down ended (no rescan: the scanners' view is current)."""
         if self.manager is None:
             raise RuntimeError("the daemon is not running")
         async with self._scan_lock:
-            await self.manager.apply(self.health.gate(self._raw), self._owners)
+            await self._publish(self.health.gate(self._raw))
+
+    async def _publish(self, tree: DeviceTree) -> None:
+        """To the servers first (the kubelet waits on them), then to the CDI task."""
+        if self.manager is None:
+            raise RuntimeError("the daemon is not running")
+        await self.manager.apply(tree, self._owners)
+        if self.cdi_sync is not None:
+            self.cdi_sync.submit(tree)
 
     def _resync_period(self) -> float:
         hotplug = self.settings.hotplug

@@ -30,6 +30,7 @@ import grpc
 import structlog
 
 from devplug._proto import deviceplugin_v1beta1_pb2_grpc as pb_grpc
+from devplug.daemon.cdi_allocation import CdiOptions
 from devplug.daemon.kubelet import (
     KUBELET_SOCKET,
     FileIdentity,
@@ -133,6 +134,7 @@ class ResourceServer:
         kubelet_dir: Path,
         watcher: KubeletDirWatcher,
         timing: ServerTiming = DEFAULT_TIMING,
+        cdi: CdiOptions | None = None,
     ) -> None:
         self.resource = resource
         self.kubelet_dir = kubelet_dir
@@ -140,7 +142,7 @@ class ResourceServer:
         self.watcher = watcher
         self.timing = timing
         self.devices: LatestValue[Mapping[str, DeviceInfo]] = LatestValue(devices)
-        self.servicer = DevicePluginServicer(resource, self.devices, hooks)
+        self.servicer = DevicePluginServicer(resource, self.devices, hooks, cdi)
         self.registered = asyncio.Event()
         self.registrations = 0
         self._grpc: grpc.aio.Server | None = None

@@ -20,6 +20,7 @@ import structlog
 from devplug._proto import deviceplugin_v1beta1_pb2 as pb
 from devplug._proto import deviceplugin_v1beta1_pb2_grpc as pb_grpc
 from devplug.daemon.allocation import check_request, default_allocation, default_preferred
+from devplug.daemon.cdi_allocation import CdiOptions, with_cdi
 from devplug.daemon.convert import ListMessageBuilder, container_response
 from devplug.daemon.values import LatestValue
 from devplug.errors import AllocationError
@@ -67,9 +68,14 @@ def plugin_options(hooks: object | None) -> pb.DevicePluginOptions:
 
 class DevicePluginServicer(pb_grpc.DevicePluginServicer):
     def __init__(
-        self, resource: str, devices: LatestValue[DeviceMap], hooks: object | None
+        self,
+        resource: str,
+        devices: LatestValue[DeviceMap],
+        hooks: object | None,
+        cdi: CdiOptions | None = None,
     ) -> None:
         self.resource = resource
+        self.cdi = cdi
         self.devices = devices
         self.hooks = hooks
         self.options = plugin_options(hooks)
@@ -80,7 +86,7 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
         self._pre_starter = hooks if isinstance(hooks, ContainerPreStarter) else None
         # Default answers per id list, valid for one device snapshot (cleared when it changes).
         self._answers: dict[tuple[str, ...], pb.ContainerAllocateResponse] = {}
-        self._answers_for: DeviceMap | None = None
+        self._answers_for: tuple[DeviceMap, int] | None = None
         # The ListAndWatch message of the current snapshot, shared by every open stream.
         self._listed: tuple[DeviceMap, pb.ListAndWatchResponse] | None = None
         self._list_builder = ListMessageBuilder()
@@ -145,27 +151,33 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
         if answers is None:
             if self._post_allocator is None:
                 return [self._default_response(ids, devices) for ids in requests]
-            answers = [default_allocation(ids, devices) for ids in requests]
+            answers = [self._with_cdi(ids, default_allocation(ids, devices)) for ids in requests]
         if self._post_allocator is not None:
             answers = await _resolve(
                 self._post_allocator.post_allocate(self.resource, requests, answers)
             )
-        if len(answers) != len(requests):
-            raise RuntimeError(
-                f"allocation hook returned {len(answers)} answers for {len(requests)} containers"
-            )
+        _check_count(answers, requests)
         return [container_response(answer) for answer in answers]
+
+    def _with_cdi(self, ids: Sequence[str], answer: ContainerAllocation) -> ContainerAllocation:
+        if self.cdi is None:
+            return answer
+        return with_cdi(self.resource, ids, answer, self.cdi, may_strip=True)
 
     def _default_response(
         self, ids: Sequence[str], devices: DeviceMap
     ) -> pb.ContainerAllocateResponse:
-        if devices is not self._answers_for:
+        # Cached per device snapshot and CDI catalog state (which specs are on disk).
+        state = (devices, self.cdi.catalog.generation if self.cdi is not None else 0)
+        if self._answers_for is None or (
+            self._answers_for[0] is not devices or self._answers_for[1] != state[1]
+        ):
             self._answers.clear()
-            self._answers_for = devices
+            self._answers_for = state
         key = tuple(ids)
         cached = self._answers.get(key)
         if cached is None:
-            cached = container_response(default_allocation(ids, devices))
+            cached = container_response(self._with_cdi(ids, default_allocation(ids, devices)))
             if len(self._answers) < MAX_CACHED_ANSWERS:
                 self._answers[key] = cached
         return cached
@@ -251,3 +263,10 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
         except Exception:
             self._log.exception(f"{rpc}.failed")
             await context.abort(grpc.StatusCode.INTERNAL, f"{self.resource}: {rpc} failed")
+
+
+def _check_count(answers: Sequence[object], requests: Sequence[object]) -> None:
+    if len(answers) != len(requests):
+        raise RuntimeError(
+            f"allocation hook returned {len(answers)} answers for {len(requests)} containers"
+        )

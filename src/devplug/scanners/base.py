@@ -60,7 +60,9 @@ class Allocator(Protocol):
     """Replaces the default Allocate answer.
 
     Return one ContainerAllocation per entry of ``requests`` (each a list of device ids, already
-    checked to be advertised and healthy), or None to use the default answer.
+    checked to be advertised and healthy), or None to use the default answer. The answer is
+    sent as it is: CDI names are added to default answers only (set ``cdi_devices`` yourself,
+    ``<kind>=<device id>``, to name devices of the resource's spec).
     """
 
     def allocate(

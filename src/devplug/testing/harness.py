@@ -16,7 +16,7 @@ import sys
 from collections.abc import AsyncIterator, Mapping, Sequence
 from pathlib import Path
 
-from devplug.config import HotplugSettings, Settings
+from devplug.config import CdiSettings, HotplugSettings, Settings
 from devplug.daemon.events import MonitorOpener
 from devplug.daemon.runner import Daemon
 from devplug.daemon.server import ServerTiming
@@ -60,7 +60,7 @@ def daemon_settings(
     asks for them (``hotplug=HotplugSettings(...)``)."""
     values: dict[str, object] = {
         "kubelet_dir": kubelet_dir,
-        "cdi_dir": cdi_dir or kubelet_dir.parent / "cdi",
+        "cdi": CdiSettings(dir=cdi_dir or kubelet_dir.parent / "cdi"),
         "hotplug": HotplugSettings(source="none", poll_s=3600, resync_s=3600),
     }
     values.update(overrides)

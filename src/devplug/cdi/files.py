@@ -1,0 +1,161 @@
+"""Spec files on disk: atomic writes, and telling devplug's files from everyone else's.
+
+Blocking; the daemon calls these through ``asyncio.to_thread``. A spec is written to a temp
+file in the same directory (named without a ``.json``/``.yaml`` extension, which runtimes
+skip), fsynced, given mode 0644 and renamed over the spec's name, then the directory is
+fsynced: a runtime sees the old file or the new one, never a part. A file is devplug's when
+its spec carries the owner annotation; no other file is ever replaced or deleted.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import json
+import os
+import stat
+import tempfile
+from pathlib import Path
+
+from devplug.cdi.build import OWNER_ANNOTATION, OWNER_VALUE, RESOURCE_ANNOTATION
+
+TEMP_PREFIX = ".devplug-tmp-"
+SPEC_MODE = 0o644
+DIR_MODE = 0o755
+SPEC_SUFFIXES = (".json", ".yaml")
+# Specs of 10,000 devices are a few MiB; anything far bigger is not one of ours.
+MAX_READ_BYTES = 64 * 1024 * 1024
+
+
+def _check_file_name(file_name: str) -> None:
+    if (
+        "/" in file_name
+        or "\0" in file_name
+        or file_name.startswith(".")
+        or not file_name.endswith(".json")
+    ):
+        raise ValueError(f"not a spec file name: {file_name!r}")
+
+
+def write_spec_file(directory: Path, file_name: str, data: bytes) -> None:
+    """Replace ``directory/file_name`` with ``data`` atomically (creating the directory).
+
+    Raises OSError (ENOSPC, EACCES, EROFS, ...) with nothing left behind but the old file.
+    """
+    _check_file_name(file_name)
+    directory.mkdir(mode=DIR_MODE, parents=True, exist_ok=True)
+    handle, temp = tempfile.mkstemp(prefix=TEMP_PREFIX, dir=directory)
+    try:
+        try:
+            view = memoryview(data)
+            while view:
+                written = os.write(handle, view)
+                view = view[written:]
+            os.fchmod(handle, SPEC_MODE)
+            os.fsync(handle)
+        finally:
+            os.close(handle)
+        os.replace(temp, directory / file_name)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(temp)
+        raise
+    _fsync_dir(directory)
+
+
+def _fsync_dir(directory: Path) -> None:
+    """Make the rename durable; best effort (some filesystems refuse fsync on a directory)."""
+    try:
+        handle = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError:
+        return
+    try:
+        with contextlib.suppress(OSError):
+            os.fsync(handle)
+    finally:
+        os.close(handle)
+
+
+def _read_small_regular(path: Path) -> bytes | None:
+    """The file's bytes if it is a regular file (not followed through a symlink) that is not
+    too big, else None."""
+    try:
+        handle = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return None
+    try:
+        info = os.fstat(handle)
+        if not stat.S_ISREG(info.st_mode) or info.st_size > MAX_READ_BYTES:
+            return None
+        chunks = []
+        while chunk := os.read(handle, 1 << 20):
+            chunks.append(chunk)
+        return b"".join(chunks)
+    except OSError:
+        return None
+    finally:
+        os.close(handle)
+
+
+def owned_resource(path: Path) -> str | None:
+    """The resource a spec file of devplug's is for ("" if unnamed), or None if the file is
+    not devplug's (another writer's, not JSON, unreadable)."""
+    data = _read_small_regular(path)
+    if data is None:
+        return None
+    try:
+        document = json.loads(data)
+    except (ValueError, UnicodeDecodeError):
+        return None  # YAML specs are never ours: devplug writes JSON
+    if not isinstance(document, dict):
+        return None
+    annotations = document.get("annotations")
+    if not isinstance(annotations, dict) or annotations.get(OWNER_ANNOTATION) != OWNER_VALUE:
+        return None
+    resource = annotations.get(RESOURCE_ANNOTATION, "")
+    return resource if isinstance(resource, str) else ""
+
+
+def owned_specs(directory: Path) -> dict[str, str]:
+    """file name -> resource of devplug's spec files in ``directory`` (empty if it is absent)."""
+    try:
+        names = sorted(entry.name for entry in os.scandir(directory))
+    except FileNotFoundError:
+        return {}
+    found = {}
+    for name in names:
+        if name.endswith(SPEC_SUFFIXES) and not name.startswith("."):
+            resource = owned_resource(directory / name)
+            if resource is not None:
+                found[name] = resource
+    return found
+
+
+def remove_owned_spec(directory: Path, file_name: str) -> bool:
+    """Delete ``file_name`` if it is (still) devplug's; True if it is gone afterwards."""
+    _check_file_name(file_name)
+    path = directory / file_name
+    if owned_resource(path) is None:
+        return not os.path.lexists(path)
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)
+    _fsync_dir(directory)
+    return True
+
+
+def remove_temp_files(directory: Path) -> int:
+    """Delete temp files an interrupted devplug left behind; return how many."""
+    removed = 0
+    try:
+        entries = list(os.scandir(directory))
+    except OSError:
+        return 0
+    for entry in entries:
+        if entry.name.startswith(TEMP_PREFIX) and entry.is_file(follow_symlinks=False):
+            try:
+                os.unlink(entry.path)
+                removed += 1
+            except OSError as exc:
+                if exc.errno != errno.ENOENT:
+                    raise
+    return removed

@@ -1,0 +1,330 @@
+"""The CDI spec model (version 1.1.0 of the spec), its validation, version choice and JSON.
+
+Validation applies the rules the CDI Go library applies when a runtime loads a spec (a spec
+that breaks one is dropped by the runtime, so devplug refuses to write it), plus a few the
+spec text states and the library leaves out (absolute paths). ``minimum_version`` is the
+lowest ``cdiVersion`` that allows every field used, as the library's ``MinimumRequiredVersion``
+computes it: runtimes reject a spec whose version is lower than that, and older runtimes
+reject versions they do not know, so the lowest that works is the one to write.
+"""
+
+from __future__ import annotations
+
+import json
+import posixpath
+import re
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any
+
+from devplug.cdi.names import device_name_problem, parse_kind
+from devplug.errors import CdiSpecError
+
+# Every version the CDI library knows, oldest first; 0.3.0 is the lowest it computes.
+VERSIONS = ("0.3.0", "0.4.0", "0.5.0", "0.6.0", "0.7.0", "0.8.0", "1.0.0", "1.1.0")
+CURRENT_VERSION = VERSIONS[-1]
+HOOK_NAMES = frozenset(
+    {"prestart", "createRuntime", "createContainer", "startContainer", "poststart", "poststop"}
+)
+DEVICE_TYPES = frozenset({"b", "c", "u", "p"})
+# The library's (Kubernetes') limit on the summed length of annotation keys and values.
+MAX_ANNOTATIONS_BYTES = 256 * 1024
+MAX_UINT32 = 2**32 - 1
+_DNS1123_SUBDOMAIN = re.compile(
+    r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+)
+_QUALIFIED_NAME = re.compile(r"^([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]$")
+_EMPTY: Mapping[str, str] = MappingProxyType({})
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceNodeEdit:
+    path: str  # in the container
+    host_path: str | None = None  # None: the same as ``path``
+    type: str | None = None
+    major: int | None = None
+    minor: int | None = None
+    permissions: str | None = None
+    uid: int | None = None
+    gid: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class MountEdit:
+    host_path: str
+    container_path: str
+    options: tuple[str, ...] = ()
+    type: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class HookEdit:
+    hook_name: str
+    path: str
+    args: tuple[str, ...] = ()
+    env: tuple[str, ...] = ()
+    timeout: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ContainerEdits:
+    env: tuple[str, ...] = ()
+    device_nodes: tuple[DeviceNodeEdit, ...] = ()
+    mounts: tuple[MountEdit, ...] = ()
+    hooks: tuple[HookEdit, ...] = ()
+    additional_gids: tuple[int, ...] = ()
+
+    @property
+    def empty(self) -> bool:
+        return not (
+            self.env or self.device_nodes or self.mounts or self.hooks or self.additional_gids
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class SpecDevice:
+    name: str
+    edits: ContainerEdits
+    annotations: Mapping[str, str] = field(default_factory=lambda: _EMPTY)
+
+
+@dataclass(frozen=True, slots=True)
+class Spec:
+    kind: str
+    devices: tuple[SpecDevice, ...]
+    edits: ContainerEdits | None = None  # applied with any of the spec's devices
+    annotations: Mapping[str, str] = field(default_factory=lambda: _EMPTY)
+
+
+# ------------------------------------------------------------------------- validation
+
+
+def _absolute(value: str) -> bool:
+    return value.startswith("/") and "\0" not in value and posixpath.normpath(value) == value
+
+
+def _env_problems(entries: tuple[str, ...], where: str) -> Iterator[str]:
+    for entry in entries:
+        # The library's rule: an "=" that is not the first character.
+        if entry.find("=") <= 0 or "\0" in entry:
+            yield f"{where}: invalid environment variable {entry!r} (want NAME=value)"
+
+
+def _edits_problems(edits: ContainerEdits, where: str) -> Iterator[str]:
+    yield from _env_problems(edits.env, f"{where}.env")
+    for node in edits.device_nodes:
+        spot = f"{where}.deviceNodes[{node.path!r}]"
+        if not node.path:
+            yield f"{where}.deviceNodes: invalid (empty) device path"
+        elif not _absolute(node.path):
+            yield f"{spot}: path must be absolute and normalised"
+        if node.host_path is not None and not _absolute(node.host_path):
+            yield f"{spot}: hostPath must be absolute and normalised, got {node.host_path!r}"
+        if node.type is not None and node.type not in DEVICE_TYPES:
+            yield f"{spot}: invalid type {node.type!r} (one of b, c, u, p)"
+        for number, what in ((node.major, "major"), (node.minor, "minor")):
+            if number is not None and number < 0:
+                yield f"{spot}: invalid (negative) {what} number {number}"
+        if node.permissions is not None and (
+            not node.permissions or set(node.permissions) - set("rwm")
+        ):
+            yield f"{spot}: invalid permissions {node.permissions!r} (letters of 'rwm')"
+        for number, what in ((node.uid, "uid"), (node.gid, "gid")):
+            if number is not None and not 0 <= number <= MAX_UINT32:
+                yield f"{spot}: {what} {number} out of range"
+    for mount in edits.mounts:
+        spot = f"{where}.mounts[{mount.container_path!r}]"
+        if not mount.host_path:
+            yield f"{where}.mounts: invalid mount, empty host path"
+        if not mount.container_path:
+            yield f"{where}.mounts: invalid mount, empty container path"
+        elif not _absolute(mount.container_path):
+            yield f"{spot}: containerPath must be absolute and normalised"
+        if any(not option or "," in option for option in mount.options):
+            yield f"{spot}: invalid options {list(mount.options)!r}"
+    for hook in edits.hooks:
+        spot = f"{where}.hooks[{hook.hook_name!r}]"
+        if hook.hook_name not in HOOK_NAMES:
+            known = ", ".join(sorted(HOOK_NAMES))
+            yield f"{where}.hooks: invalid hook name {hook.hook_name!r} (one of {known})"
+        if not hook.path:
+            yield f"{spot}: invalid hook with empty path"
+        elif not _absolute(hook.path):
+            yield f"{spot}: path must be absolute"
+        yield from _env_problems(hook.env, f"{spot}.env")
+        if hook.timeout is not None and not 0 < hook.timeout <= MAX_UINT32:
+            yield f"{spot}: timeout must be a positive number of seconds, got {hook.timeout}"
+    for gid in edits.additional_gids:
+        if not 0 <= gid <= MAX_UINT32:
+            yield f"{where}.additionalGids: {gid} out of range"
+
+
+def _annotation_problems(annotations: Mapping[str, str], where: str) -> Iterator[str]:
+    total = 0
+    for key, value in annotations.items():
+        total += len(key) + len(value)
+        prefix, slash, name = key.lower().rpartition("/")
+        if (
+            key.count("/") > 1
+            or (slash and (not prefix or len(prefix) > 253 or not _DNS1123_SUBDOMAIN.match(prefix)))
+            or len(name) > 63
+            or not _QUALIFIED_NAME.match(name)
+        ):
+            yield (
+                f"{where}.annotations: invalid key {key!r} "
+                "(want a qualified name, e.g. example.com/key)"
+            )
+    if total > MAX_ANNOTATIONS_BYTES:
+        yield f"{where}.annotations: size {total} is larger than the limit {MAX_ANNOTATIONS_BYTES}"
+
+
+def spec_problems(spec: Spec) -> list[str]:
+    """Every rule ``spec`` breaks, each naming the field; empty when it is valid."""
+    problems: list[str] = []
+    try:
+        parse_kind(spec.kind)
+    except CdiSpecError as exc:
+        problems.append(f"kind: {exc}")
+    if not spec.devices:
+        problems.append("devices: invalid spec, no devices")
+    seen: set[str] = set()
+    for device in spec.devices:
+        where = f"devices[{device.name!r}]"
+        problem = device_name_problem(device.name)
+        if problem is not None:
+            problems.append(f"{where}: {problem}")
+        if device.name in seen:
+            problems.append(f"{where}: invalid spec, multiple device {device.name!r}")
+        seen.add(device.name)
+        if device.edits.empty:
+            problems.append(f"{where}: invalid device, empty device edits")
+        problems.extend(_edits_problems(device.edits, f"{where}.containerEdits"))
+        problems.extend(_annotation_problems(device.annotations, where))
+    if spec.edits is not None:
+        problems.extend(_edits_problems(spec.edits, "containerEdits"))
+    problems.extend(_annotation_problems(spec.annotations, "spec"))
+    return problems
+
+
+def validate_spec(spec: Spec) -> None:
+    """Raise CdiSpecError listing the broken rules (the first few) if ``spec`` is invalid."""
+    problems = spec_problems(spec)
+    if problems:
+        shown = "; ".join(problems[:5])
+        more = f" (and {len(problems) - 5} more)" if len(problems) > 5 else ""
+        raise CdiSpecError(f"invalid CDI spec for kind {spec.kind!r}: {shown}{more}")
+
+
+# ------------------------------------------------------------------------- versions
+
+
+def _all_edits(spec: Spec) -> Iterator[ContainerEdits]:
+    if spec.edits is not None:
+        yield spec.edits
+    for device in spec.devices:
+        yield device.edits
+
+
+def minimum_version(spec: Spec) -> str:
+    """The lowest cdiVersion that allows every field ``spec`` uses (the library's rules)."""
+    needs = VERSIONS[0]
+
+    def need(version: str) -> None:
+        nonlocal needs
+        if VERSIONS.index(version) > VERSIONS.index(needs):
+            needs = version
+
+    edits = list(_all_edits(spec))
+    if any(mount.type for e in edits for mount in e.mounts):
+        need("0.4.0")
+    if any(node.host_path for e in edits for node in e.device_nodes):
+        need("0.5.0")
+    if any(device.name[:1].isdigit() for device in spec.devices):
+        need("0.5.0")
+    if spec.annotations or any(device.annotations for device in spec.devices):
+        need("0.6.0")
+    if "." in spec.kind.partition("/")[2]:
+        need("0.6.0")
+    if any(e.additional_gids for e in edits):
+        need("0.7.0")
+    return needs
+
+
+# ------------------------------------------------------------------------- JSON
+
+
+def _node_document(node: DeviceNodeEdit) -> dict[str, Any]:
+    out: dict[str, Any] = {"path": node.path}
+    for key, value in (
+        ("hostPath", node.host_path),
+        ("type", node.type),
+        ("major", node.major),
+        ("minor", node.minor),
+        ("permissions", node.permissions),
+        ("uid", node.uid),
+        ("gid", node.gid),
+    ):
+        if value is not None:
+            out[key] = value
+    return out
+
+
+def _edits_document(edits: ContainerEdits) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    if edits.env:
+        out["env"] = list(edits.env)
+    if edits.device_nodes:
+        out["deviceNodes"] = [_node_document(node) for node in edits.device_nodes]
+    if edits.mounts:
+        mounts = []
+        for mount in edits.mounts:
+            item: dict[str, Any] = {
+                "hostPath": mount.host_path,
+                "containerPath": mount.container_path,
+            }
+            if mount.options:
+                item["options"] = list(mount.options)
+            if mount.type:
+                item["type"] = mount.type
+            mounts.append(item)
+        out["mounts"] = mounts
+    if edits.hooks:
+        hooks = []
+        for hook in edits.hooks:
+            entry: dict[str, Any] = {"hookName": hook.hook_name, "path": hook.path}
+            if hook.args:
+                entry["args"] = list(hook.args)
+            if hook.env:
+                entry["env"] = list(hook.env)
+            if hook.timeout is not None:
+                entry["timeout"] = hook.timeout
+            hooks.append(entry)
+        out["hooks"] = hooks
+    if edits.additional_gids:
+        out["additionalGids"] = list(edits.additional_gids)
+    return out
+
+
+def spec_document(spec: Spec) -> dict[str, Any]:
+    """The spec as the JSON object a runtime reads, with its minimum ``cdiVersion``."""
+    out: dict[str, Any] = {"cdiVersion": minimum_version(spec), "kind": spec.kind}
+    if spec.annotations:
+        out["annotations"] = dict(spec.annotations)
+    devices = []
+    for device in spec.devices:
+        entry: dict[str, Any] = {"name": device.name}
+        if device.annotations:
+            entry["annotations"] = dict(device.annotations)
+        entry["containerEdits"] = _edits_document(device.edits)
+        devices.append(entry)
+    out["devices"] = devices
+    if spec.edits is not None and not spec.edits.empty:
+        out["containerEdits"] = _edits_document(spec.edits)
+    return out
+
+
+def spec_json(spec: Spec) -> bytes:
+    """Validated, compact JSON (a spec of thousands of devices is written on every change)."""
+    validate_spec(spec)
+    return json.dumps(spec_document(spec), separators=(",", ":")).encode() + b"\n"

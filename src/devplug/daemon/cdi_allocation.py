@@ -1,0 +1,55 @@
+"""CDI names in Allocate answers: only for devices the spec on disk defines."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from devplug.cdi.names import annotation_key, qualified_name
+from devplug.daemon.cdi_sync import CdiCatalog
+from devplug.model import ContainerAllocation
+
+# The plugin part of devplug's cdi.k8s.io/<plugin>_<resource> annotation keys.
+ANNOTATION_PLUGIN = "devplug"
+
+
+@dataclass(frozen=True, slots=True)
+class CdiOptions:
+    catalog: CdiCatalog
+    annotations: bool  # also name the devices in a cdi.k8s.io/ annotation
+    device_specs: bool  # keep nodes, mounts and env beside the CDI names
+
+
+def with_cdi(
+    resource: str,
+    ids: Sequence[str],
+    answer: ContainerAllocation,
+    options: CdiOptions,
+    *,
+    may_strip: bool = True,
+) -> ContainerAllocation:
+    """``answer`` plus the CDI names of ``ids`` that the resource's spec on disk defines.
+
+    Applied to the default answer, which is made from the same devices as the spec (an
+    Allocator hook's answer is the hook's own and is sent as it is). Without ``device_specs``,
+    the nodes, mounts and env are dropped only when every id has a CDI name (and
+    ``may_strip``): a device the spec does not define yet (written a moment later, or not at
+    all on a read-only dir) still reaches the container through its device specs.
+    """
+    entry = options.catalog.get(resource)
+    if entry is None:
+        return answer
+    names = tuple(qualified_name(entry.kind, i) for i in ids if i in entry.names)
+    if not names:
+        return answer
+    annotations = dict(answer.annotations)
+    if options.annotations:
+        annotations[annotation_key(ANNOTATION_PLUGIN, resource)] = ",".join(names)
+    strip = may_strip and not options.device_specs and len(names) == len(ids)
+    return ContainerAllocation(
+        env={} if strip else answer.env,
+        mounts=() if strip else answer.mounts,
+        nodes=() if strip else answer.nodes,
+        annotations=annotations,
+        cdi_devices=tuple(dict.fromkeys((*answer.cdi_devices, *names))),
+    )

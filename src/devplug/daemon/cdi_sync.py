@@ -1,0 +1,271 @@
+"""Keeping the CDI spec files in line with the advertised devices, off the RPC path.
+
+After each scan the daemon hands the new tree to :class:`CdiSync`, whose task rebuilds the
+specs of the resources that changed and writes those whose bytes changed, in a worker thread
+(a spec of 10,000 devices takes tens of milliseconds to build). Specs are written when devices
+are discovered, not inside Allocate; a resource that goes away takes its spec with it, and so
+does an orderly shutdown unless ``keep_on_exit``. At start-up, specs devplug wrote earlier for
+resources it no longer has are deleted; files without devplug's mark are never touched.
+
+A write that fails (full disk, read-only or unwritable dir) is logged with its reason and
+retried with back-off; meanwhile the daemon keeps serving, and Allocate names only devices of
+the spec that is on disk (:class:`CdiCatalog`), giving device specs for the rest.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import errno
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import structlog
+
+from devplug.cdi.build import resource_spec
+from devplug.cdi.files import owned_specs, remove_owned_spec, remove_temp_files, write_spec_file
+from devplug.cdi.names import default_kind, spec_file_name
+from devplug.cdi.spec import spec_json
+from devplug.config import CdiSettings
+from devplug.daemon.values import LatestValue
+from devplug.errors import CdiSpecError
+from devplug.model import DeviceInfo, DeviceTree
+
+log = structlog.get_logger("devplug.cdi")
+
+RETRY_INITIAL_S = 1.0
+RETRY_MAX_S = 60.0
+
+
+@dataclass(frozen=True, slots=True)
+class CdiResource:
+    """What the spec file of one resource on disk defines."""
+
+    kind: str
+    file_name: str
+    names: frozenset[str]
+
+
+class CdiCatalog:
+    """resource -> what its spec on disk defines; read by Allocate on the event loop."""
+
+    def __init__(self) -> None:
+        self._resources: dict[str, CdiResource] = {}
+        # Bumped on every change, so cached Allocate answers know when they are stale.
+        self.generation = 0
+
+    def get(self, resource: str) -> CdiResource | None:
+        return self._resources.get(resource)
+
+    def set(self, resource: str, value: CdiResource | None) -> None:
+        if self._resources.get(resource) == value:
+            return
+        if value is None:
+            self._resources.pop(resource, None)
+        else:
+            self._resources[resource] = value
+        self.generation += 1
+
+    def resources(self) -> list[str]:
+        return sorted(self._resources)
+
+
+@dataclass(slots=True)
+class _Written:
+    devices: Mapping[str, DeviceInfo] | None  # the device map last turned into this file
+    data: bytes
+    entry: CdiResource
+
+
+@dataclass(slots=True)
+class _Plan:
+    """One pass: specs to write (or confirm) and files to remove, decided on the loop."""
+
+    write: dict[str, tuple[str, str, Mapping[str, DeviceInfo]]] = field(default_factory=dict)
+    remove: dict[str, str] = field(default_factory=dict)  # resource -> file name
+
+
+class CdiSync:
+    def __init__(self, settings: CdiSettings, catalog: CdiCatalog) -> None:
+        self.settings = settings
+        self.catalog = catalog
+        self.directory = settings.dir
+        self._tree: LatestValue[DeviceTree | None] = LatestValue(None)
+        self._written: dict[str, _Written] = {}
+        self._failing: dict[str, str] = {}  # resource -> the reason of its last failure
+        self._kind_problems: set[str] = set()
+        self.writes = 0  # counters for tests and metrics
+        self.failures = 0
+
+    def submit(self, tree: DeviceTree) -> None:
+        """The devices now advertised; the task writes what changed."""
+        self._tree.set(tree)
+
+    def kind_of(self, resource: str) -> str | None:
+        kind = self.settings.kinds.get(resource)
+        if kind is not None:
+            return kind
+        try:
+            return default_kind(resource)
+        except CdiSpecError as exc:
+            if resource not in self._kind_problems:
+                self._kind_problems.add(resource)
+                log.error(
+                    "cdi.kind.invalid",
+                    resource=resource,
+                    reason=str(exc),
+                    fix=f"set cdi.kinds.{resource} to a valid kind",
+                )
+            return None
+
+    async def run(self) -> None:
+        """Reconcile at start, then follow the tree; retry failures with back-off."""
+        delay = RETRY_INITIAL_S
+        async for tree in self._tree.as_changed():
+            if tree is not None:
+                break
+        await self._reconcile_start()
+        while True:
+            version = self._tree.version
+            tree = self._tree.value
+            if tree is not None:
+                await self._sync(tree)
+            timeout: float | None = None
+            if self._failing:
+                timeout, delay = delay, min(delay * 2, RETRY_MAX_S)
+            else:
+                delay = RETRY_INITIAL_S
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(timeout):
+                    await self._tree.wait_changed(version)
+
+    async def _reconcile_start(self) -> None:
+        """Delete specs of earlier runs for resources not advertised now, and temp files."""
+        tree = self._tree.value or DeviceTree()
+        wanted = {spec_file_name(k) for r in tree if (k := self.kind_of(r)) is not None}
+        try:
+            stale_temps = await asyncio.to_thread(remove_temp_files, self.directory)
+            owned = await asyncio.to_thread(owned_specs, self.directory)
+        except OSError as exc:
+            log.warning("cdi.reconcile.failed", dir=str(self.directory), reason=_reason(exc))
+            return
+        for name, resource in sorted(owned.items()):
+            if name in wanted:
+                continue
+            try:
+                await asyncio.to_thread(remove_owned_spec, self.directory, name)
+                log.info("cdi.spec.removed", file=name, resource=resource, reason="stale")
+            except OSError as exc:
+                log.warning("cdi.spec.remove_failed", file=name, reason=_reason(exc))
+        if stale_temps:
+            log.info("cdi.temp_files.removed", count=stale_temps)
+
+    def _plan(self, tree: DeviceTree) -> _Plan:
+        plan = _Plan()
+        for resource, devices in tree.items():
+            done = self._written.get(resource)
+            if done is not None and done.devices is devices and resource not in self._failing:
+                continue  # the same device map as last time: nothing to rebuild
+            kind = self.kind_of(resource)
+            if kind is not None:
+                plan.write[resource] = (kind, spec_file_name(kind), devices)
+        for resource, done in self._written.items():
+            if resource not in tree:
+                plan.remove[resource] = done.entry.file_name
+        for resource in list(self._failing):
+            if resource not in tree and resource not in self._written:
+                del self._failing[resource]  # gone before its spec was ever written
+        return plan
+
+    async def _sync(self, tree: DeviceTree) -> None:
+        plan = self._plan(tree)
+        if not plan.write and not plan.remove:
+            return
+        previous = {r: self._written[r].data for r in plan.write if r in self._written}
+        outcomes = await asyncio.to_thread(_carry_out, self.directory, plan, previous)
+        for resource, outcome in outcomes.items():
+            if isinstance(outcome, OSError):
+                self.failures += 1
+                reason = _reason(outcome)
+                if self._failing.get(resource) != reason:
+                    log.warning(
+                        "cdi.spec.write_failed",
+                        resource=resource,
+                        dir=str(self.directory),
+                        reason=reason,
+                        retry="with back-off; Allocate gives device specs meanwhile",
+                    )
+                self._failing[resource] = reason
+                continue
+            if resource in plan.remove:
+                self._written.pop(resource, None)
+                self.catalog.set(resource, None)
+                log.info("cdi.spec.removed", resource=resource, reason="resource gone")
+                self._failing.pop(resource, None)
+                continue
+            if outcome is None:
+                continue  # unreachable: None is only a removal's outcome
+            data, entry, wrote = outcome
+            devices = plan.write[resource][2]
+            if entry is None:
+                self._written.pop(resource, None)
+                self.catalog.set(resource, None)
+            else:
+                self._written[resource] = _Written(devices, data, entry)
+                self.catalog.set(resource, entry)
+            if wrote:
+                self.writes += 1
+                log.info("cdi.spec.written", resource=resource, file=plan.write[resource][1])
+            if resource in self._failing:
+                log.info("cdi.spec.recovered", resource=resource)
+                del self._failing[resource]
+
+    async def close(self) -> None:
+        """On orderly shutdown: remove the specs written, unless told to keep them."""
+        if self.settings.keep_on_exit:
+            return
+        for resource, done in sorted(self._written.items()):
+            try:
+                await asyncio.to_thread(remove_owned_spec, self.directory, done.entry.file_name)
+            except OSError as exc:
+                log.warning("cdi.spec.remove_failed", resource=resource, reason=_reason(exc))
+            self.catalog.set(resource, None)
+        self._written.clear()
+
+
+_Outcome = tuple[bytes, CdiResource | None, bool] | OSError | None
+
+
+def _carry_out(directory: Path, plan: _Plan, previous: Mapping[str, bytes]) -> dict[str, _Outcome]:
+    """Build, compare and write specs; remove files (worker thread). Never raises OSError:
+    each resource's failure is its outcome."""
+    outcomes: dict[str, _Outcome] = {}
+    for resource, (kind, file_name, devices) in plan.write.items():
+        spec = resource_spec(resource, kind, devices)
+        try:
+            if spec is None:
+                remove_owned_spec(directory, file_name)
+                outcomes[resource] = (b"", None, False)
+                continue
+            data = spec_json(spec)
+            entry = CdiResource(kind, file_name, frozenset(d.name for d in spec.devices))
+            if previous.get(resource) == data:
+                outcomes[resource] = (data, entry, False)
+                continue
+            write_spec_file(directory, file_name, data)
+            outcomes[resource] = (data, entry, True)
+        except OSError as exc:
+            outcomes[resource] = exc
+    for resource, file_name in plan.remove.items():
+        try:
+            remove_owned_spec(directory, file_name)
+            outcomes[resource] = None
+        except OSError as exc:
+            outcomes[resource] = exc
+    return outcomes
+
+
+def _reason(exc: OSError) -> str:
+    name = errno.errorcode.get(exc.errno or 0, "")
+    return f"{name}: {exc.strerror or exc}" if name else str(exc)
