@@ -16,7 +16,7 @@ import structlog
 
 from devplug import __version__
 from devplug.config import ENV_PREFIX, SCALAR_KEYS, Settings, load_settings
-from devplug.errors import ConfigError
+from devplug.errors import CdiSpecError, ConfigError
 from devplug.logconfig import configure
 from devplug.naming import MAX_UNIX_SOCKET_PATH, short_socket_file_name
 from devplug.scanners.base import Scanner
@@ -65,6 +65,23 @@ def build_parser() -> argparse.ArgumentParser:
     )
     scan = sub.add_parser("scan", parents=[common], help="print the device tree and exit (dry run)")
     scan.add_argument("--output", "-o", choices=["table", "json", "yaml"], default="table")
+    cdi = sub.add_parser("cdi", help="CDI spec files")
+    cdi_sub = cdi.add_subparsers(dest="cdi_command", required=True, metavar="ACTION")
+    generate = cdi_sub.add_parser(
+        "generate",
+        parents=[common],
+        help="scan once and write (or print) the CDI specs, without serving",
+    )
+    where = generate.add_mutually_exclusive_group()
+    where.add_argument(
+        "--output-dir",
+        type=Path,
+        default=None,
+        help="write the specs here (default /etc/cdi); devplug's other specs there are removed",
+    )
+    where.add_argument(
+        "--stdout", action="store_true", help="print the specs as one JSON object instead"
+    )
     sub.add_parser("version", help="print the version")
     return parser
 
@@ -118,6 +135,36 @@ def _scan(scanners: Sequence[Scanner], output: str) -> int:
         print(f"devplug: configuration error: {exc}", file=sys.stderr)
         return EXIT_CONFIG
     sys.stdout.write(render(result.tree, output))
+    return 0
+
+
+def _cdi_generate(
+    settings: Settings, scanners: Sequence[Scanner], output_dir: Path | None, stdout: bool
+) -> int:
+    from devplug.cdi.generate import STATIC_CDI_DIR, specs_text, tree_specs, write_tree_specs
+    from devplug.daemon.scanning import ScanRunner
+
+    try:
+        tree = ScanRunner(scanners).scan_blocking().tree
+        specs = tree_specs(tree, settings.cdi.kinds)
+        if stdout:
+            sys.stdout.write(specs_text(specs))
+            return 0
+    except (ConfigError, CdiSpecError) as exc:
+        print(f"devplug: configuration error: {exc}", file=sys.stderr)
+        return EXIT_CONFIG
+    directory = output_dir or STATIC_CDI_DIR
+    try:
+        written, removed = write_tree_specs(directory, specs)
+    except OSError as exc:
+        print(f"devplug: cannot write specs to {directory}: {exc.strerror or exc}", file=sys.stderr)
+        return 1
+    for name in written:
+        print(f"wrote {directory / name}")
+    for name in removed:
+        print(f"removed {directory / name} (devplug's, for a resource this host no longer has)")
+    if not written:
+        print(f"no devices found: nothing written to {directory}")
     return 0
 
 
@@ -177,6 +224,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"devplug: configuration error: {exc}", file=sys.stderr)
         return EXIT_CONFIG
+    if args.command == "cdi":
+        return _cdi_generate(settings, scanners, args.output_dir, args.stdout)
     if args.command == "scan" or args.dry_run:
         return _scan(scanners, args.output)
     return _run(settings, scanners)

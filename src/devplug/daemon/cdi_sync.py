@@ -24,7 +24,14 @@ from pathlib import Path
 import structlog
 
 from devplug.cdi.build import resource_spec
-from devplug.cdi.files import owned_specs, remove_owned_spec, remove_temp_files, write_spec_file
+from devplug.cdi.files import (
+    FileStamp,
+    file_stamp,
+    owned_specs,
+    remove_owned_spec,
+    remove_temp_files,
+    write_spec_file,
+)
 from devplug.cdi.names import default_kind, spec_file_name
 from devplug.cdi.spec import spec_json
 from devplug.config import CdiSettings
@@ -76,6 +83,7 @@ class _Written:
     devices: Mapping[str, DeviceInfo] | None  # the device map last turned into this file
     data: bytes
     entry: CdiResource
+    stamp: FileStamp | None  # the file as written, to recognise it without reading it
 
 
 @dataclass(slots=True)
@@ -182,7 +190,11 @@ class CdiSync:
         plan = self._plan(tree)
         if not plan.write and not plan.remove:
             return
-        previous = {r: self._written[r].data for r in plan.write if r in self._written}
+        previous = {
+            r: (self._written[r].data, self._written[r].stamp)
+            for r in plan.write
+            if r in self._written
+        }
         outcomes = await asyncio.to_thread(_carry_out, self.directory, plan, previous)
         for resource, outcome in outcomes.items():
             if isinstance(outcome, OSError):
@@ -206,13 +218,13 @@ class CdiSync:
                 continue
             if outcome is None:
                 continue  # unreachable: None is only a removal's outcome
-            data, entry, wrote = outcome
+            data, entry, wrote, stamp = outcome
             devices = plan.write[resource][2]
             if entry is None:
                 self._written.pop(resource, None)
                 self.catalog.set(resource, None)
             else:
-                self._written[resource] = _Written(devices, data, entry)
+                self._written[resource] = _Written(devices, data, entry, stamp)
                 self.catalog.set(resource, entry)
             if wrote:
                 self.writes += 1
@@ -234,10 +246,13 @@ class CdiSync:
         self._written.clear()
 
 
-_Outcome = tuple[bytes, CdiResource | None, bool] | OSError | None
+# (spec bytes, what it defines, whether it was written now, the file's stamp), or the error.
+_Outcome = tuple[bytes, CdiResource | None, bool, FileStamp | None] | OSError | None
 
 
-def _carry_out(directory: Path, plan: _Plan, previous: Mapping[str, bytes]) -> dict[str, _Outcome]:
+def _carry_out(
+    directory: Path, plan: _Plan, previous: Mapping[str, tuple[bytes, FileStamp | None]]
+) -> dict[str, _Outcome]:
     """Build, compare and write specs; remove files (worker thread). Never raises OSError:
     each resource's failure is its outcome."""
     outcomes: dict[str, _Outcome] = {}
@@ -246,15 +261,16 @@ def _carry_out(directory: Path, plan: _Plan, previous: Mapping[str, bytes]) -> d
         try:
             if spec is None:
                 remove_owned_spec(directory, file_name)
-                outcomes[resource] = (b"", None, False)
+                outcomes[resource] = (b"", None, False, None)
                 continue
             data = spec_json(spec)
             entry = CdiResource(kind, file_name, frozenset(d.name for d in spec.devices))
-            if previous.get(resource) == data:
-                outcomes[resource] = (data, entry, False)
+            old_data, old_stamp = previous.get(resource, (None, None))
+            if old_data == data and file_stamp(directory / file_name) == old_stamp:
+                outcomes[resource] = (data, entry, False, old_stamp)  # unchanged, still there
                 continue
-            write_spec_file(directory, file_name, data)
-            outcomes[resource] = (data, entry, True)
+            stamp = write_spec_file(directory, file_name, data, ours=old_stamp)
+            outcomes[resource] = (data, entry, True, stamp)
         except OSError as exc:
             outcomes[resource] = exc
     for resource, file_name in plan.remove.items():
