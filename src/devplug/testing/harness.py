@@ -115,6 +115,9 @@ async def daemon_process(
         str(config),
         "--kubelet-dir",
         str(kubelet_dir),
+        # Beside the plugin dir, never the host's /var/run/cdi, unless args say otherwise.
+        "--cdi-dir",
+        str(kubelet_dir.parent / "cdi"),
         "--log-format",
         "json",
         *args,
