@@ -179,31 +179,48 @@ def _annotation_problems(annotations: Mapping[str, str], where: str) -> Iterator
         yield f"{where}.annotations: size {total} is larger than the limit {MAX_ANNOTATIONS_BYTES}"
 
 
-def spec_problems(spec: Spec) -> list[str]:
-    """Every rule ``spec`` breaks, each naming the field; empty when it is valid."""
+def device_problems(device: SpecDevice) -> list[str]:
+    """The rules one device breaks (all but uniqueness, which is the spec's)."""
+    where = f"devices[{device.name!r}]"
+    problems: list[str] = []
+    problem = device_name_problem(device.name)
+    if problem is not None:
+        problems.append(f"{where}: {problem}")
+    if device.edits.empty:
+        problems.append(f"{where}: invalid device, empty device edits")
+    problems.extend(_edits_problems(device.edits, f"{where}.containerEdits"))
+    problems.extend(_annotation_problems(device.annotations, where))
+    return problems
+
+
+def head_problems(
+    kind: str, annotations: Mapping[str, str], edits: ContainerEdits | None
+) -> list[str]:
+    """The rules the spec's own fields break (kind, spec-wide edits, annotations)."""
     problems: list[str] = []
     try:
-        parse_kind(spec.kind)
+        parse_kind(kind)
     except CdiSpecError as exc:
         problems.append(f"kind: {exc}")
+    if edits is not None:
+        problems.extend(_edits_problems(edits, "containerEdits"))
+    problems.extend(_annotation_problems(annotations, "spec"))
+    return problems
+
+
+def spec_problems(spec: Spec) -> list[str]:
+    """Every rule ``spec`` breaks, each naming the field; empty when it is valid."""
+    problems = head_problems(spec.kind, spec.annotations, spec.edits)
     if not spec.devices:
         problems.append("devices: invalid spec, no devices")
     seen: set[str] = set()
     for device in spec.devices:
-        where = f"devices[{device.name!r}]"
-        problem = device_name_problem(device.name)
-        if problem is not None:
-            problems.append(f"{where}: {problem}")
         if device.name in seen:
-            problems.append(f"{where}: invalid spec, multiple device {device.name!r}")
+            problems.append(
+                f"devices[{device.name!r}]: invalid spec, multiple device {device.name!r}"
+            )
         seen.add(device.name)
-        if device.edits.empty:
-            problems.append(f"{where}: invalid device, empty device edits")
-        problems.extend(_edits_problems(device.edits, f"{where}.containerEdits"))
-        problems.extend(_annotation_problems(device.annotations, where))
-    if spec.edits is not None:
-        problems.extend(_edits_problems(spec.edits, "containerEdits"))
-    problems.extend(_annotation_problems(spec.annotations, "spec"))
+        problems.extend(device_problems(device))
     return problems
 
 
@@ -219,36 +236,46 @@ def validate_spec(spec: Spec) -> None:
 # ------------------------------------------------------------------------- versions
 
 
-def _all_edits(spec: Spec) -> Iterator[ContainerEdits]:
-    if spec.edits is not None:
-        yield spec.edits
-    for device in spec.devices:
-        yield device.edits
+def later_version(*versions: str) -> str:
+    """The latest of ``versions`` (the lowest known one if none)."""
+    return max(versions, key=VERSIONS.index, default=VERSIONS[0])
+
+
+def _edits_version(edits: ContainerEdits) -> str:
+    needs = [VERSIONS[0]]
+    if any(mount.type for mount in edits.mounts):
+        needs.append("0.4.0")
+    if any(node.host_path for node in edits.device_nodes):
+        needs.append("0.5.0")
+    if edits.additional_gids:
+        needs.append("0.7.0")
+    return later_version(*needs)
+
+
+def device_version(device: SpecDevice) -> str:
+    """The lowest cdiVersion one device's fields allow (the library's rules)."""
+    needs = [_edits_version(device.edits)]
+    if device.name[:1].isdigit():
+        needs.append("0.5.0")
+    if device.annotations:
+        needs.append("0.6.0")
+    return later_version(*needs)
+
+
+def head_version(kind: str, annotations: Mapping[str, str], edits: ContainerEdits | None) -> str:
+    """The lowest cdiVersion the spec's own fields allow."""
+    needs = [VERSIONS[0] if edits is None else _edits_version(edits)]
+    if annotations or "." in kind.partition("/")[2]:
+        needs.append("0.6.0")
+    return later_version(*needs)
 
 
 def minimum_version(spec: Spec) -> str:
     """The lowest cdiVersion that allows every field ``spec`` uses (the library's rules)."""
-    needs = VERSIONS[0]
-
-    def need(version: str) -> None:
-        nonlocal needs
-        if VERSIONS.index(version) > VERSIONS.index(needs):
-            needs = version
-
-    edits = list(_all_edits(spec))
-    if any(mount.type for e in edits for mount in e.mounts):
-        need("0.4.0")
-    if any(node.host_path for e in edits for node in e.device_nodes):
-        need("0.5.0")
-    if any(device.name[:1].isdigit() for device in spec.devices):
-        need("0.5.0")
-    if spec.annotations or any(device.annotations for device in spec.devices):
-        need("0.6.0")
-    if "." in spec.kind.partition("/")[2]:
-        need("0.6.0")
-    if any(e.additional_gids for e in edits):
-        need("0.7.0")
-    return needs
+    return later_version(
+        head_version(spec.kind, spec.annotations, spec.edits),
+        *(device_version(device) for device in spec.devices),
+    )
 
 
 # ------------------------------------------------------------------------- JSON
@@ -306,25 +333,44 @@ def _edits_document(edits: ContainerEdits) -> dict[str, Any]:
     return out
 
 
+def device_document(device: SpecDevice) -> dict[str, Any]:
+    entry: dict[str, Any] = {"name": device.name}
+    if device.annotations:
+        entry["annotations"] = dict(device.annotations)
+    entry["containerEdits"] = _edits_document(device.edits)
+    return entry
+
+
 def spec_document(spec: Spec) -> dict[str, Any]:
     """The spec as the JSON object a runtime reads, with its minimum ``cdiVersion``."""
     out: dict[str, Any] = {"cdiVersion": minimum_version(spec), "kind": spec.kind}
     if spec.annotations:
         out["annotations"] = dict(spec.annotations)
-    devices = []
-    for device in spec.devices:
-        entry: dict[str, Any] = {"name": device.name}
-        if device.annotations:
-            entry["annotations"] = dict(device.annotations)
-        entry["containerEdits"] = _edits_document(device.edits)
-        devices.append(entry)
-    out["devices"] = devices
+    out["devices"] = [device_document(device) for device in spec.devices]
     if spec.edits is not None and not spec.edits.empty:
         out["containerEdits"] = _edits_document(spec.edits)
     return out
 
 
+def compact_json(document: object) -> bytes:
+    return json.dumps(document, separators=(",", ":")).encode()
+
+
 def spec_json(spec: Spec) -> bytes:
     """Validated, compact JSON (a spec of thousands of devices is written on every change)."""
     validate_spec(spec)
-    return json.dumps(spec_document(spec), separators=(",", ":")).encode() + b"\n"
+    return compact_json(spec_document(spec)) + b"\n"
+
+
+def assemble_spec_json(
+    kind: str,
+    annotations: Mapping[str, str],
+    version: str,
+    device_fragments: list[bytes],
+) -> bytes:
+    """The bytes :func:`spec_json` gives for a spec without spec-wide edits, from the devices'
+    compact JSON fragments (``compact_json(device_document(d))``), which callers cache."""
+    head: dict[str, Any] = {"cdiVersion": version, "kind": kind}
+    if annotations:
+        head["annotations"] = dict(annotations)
+    return compact_json(head)[:-1] + b',"devices":[' + b",".join(device_fragments) + b"]}\n"

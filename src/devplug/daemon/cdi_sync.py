@@ -23,7 +23,7 @@ from pathlib import Path
 
 import structlog
 
-from devplug.cdi.build import resource_spec
+from devplug.cdi.build import SpecRenderer
 from devplug.cdi.files import (
     FileStamp,
     file_stamp,
@@ -33,7 +33,6 @@ from devplug.cdi.files import (
     write_spec_file,
 )
 from devplug.cdi.names import default_kind, spec_file_name
-from devplug.cdi.spec import spec_json
 from devplug.config import CdiSettings
 from devplug.daemon.values import LatestValue
 from devplug.errors import CdiSpecError
@@ -90,7 +89,10 @@ class _Written:
 class _Plan:
     """One pass: specs to write (or confirm) and files to remove, decided on the loop."""
 
-    write: dict[str, tuple[str, str, Mapping[str, DeviceInfo]]] = field(default_factory=dict)
+    # resource -> (its renderer, its spec file name, its devices now)
+    write: dict[str, tuple[SpecRenderer, str, Mapping[str, DeviceInfo]]] = field(
+        default_factory=dict
+    )
     remove: dict[str, str] = field(default_factory=dict)  # resource -> file name
 
 
@@ -103,6 +105,7 @@ class CdiSync:
         self._written: dict[str, _Written] = {}
         self._failing: dict[str, str] = {}  # resource -> the reason of its last failure
         self._kind_problems: set[str] = set()
+        self._renderers: dict[str, SpecRenderer] = {}
         self.writes = 0  # counters for tests and metrics
         self.failures = 0
 
@@ -176,14 +179,21 @@ class CdiSync:
             if done is not None and done.devices is devices and resource not in self._failing:
                 continue  # the same device map as last time: nothing to rebuild
             kind = self.kind_of(resource)
-            if kind is not None:
-                plan.write[resource] = (kind, spec_file_name(kind), devices)
+            if kind is None:
+                continue
+            renderer = self._renderers.get(resource)
+            if renderer is None or renderer.kind != kind:
+                renderer = self._renderers[resource] = SpecRenderer(resource, kind)
+            plan.write[resource] = (renderer, spec_file_name(kind), devices)
         for resource, done in self._written.items():
             if resource not in tree:
                 plan.remove[resource] = done.entry.file_name
         for resource in list(self._failing):
             if resource not in tree and resource not in self._written:
                 del self._failing[resource]  # gone before its spec was ever written
+        for resource in list(self._renderers):
+            if resource not in tree:
+                del self._renderers[resource]
         return plan
 
     async def _sync(self, tree: DeviceTree) -> None:
@@ -197,7 +207,7 @@ class CdiSync:
         }
         outcomes = await asyncio.to_thread(_carry_out, self.directory, plan, previous)
         for resource, outcome in outcomes.items():
-            if isinstance(outcome, OSError):
+            if isinstance(outcome, Exception):
                 self.failures += 1
                 reason = _reason(outcome)
                 if self._failing.get(resource) != reason:
@@ -247,7 +257,7 @@ class CdiSync:
 
 
 # (spec bytes, what it defines, whether it was written now, the file's stamp), or the error.
-_Outcome = tuple[bytes, CdiResource | None, bool, FileStamp | None] | OSError | None
+_Outcome = tuple[bytes, CdiResource | None, bool, FileStamp | None] | Exception | None
 
 
 def _carry_out(
@@ -256,22 +266,21 @@ def _carry_out(
     """Build, compare and write specs; remove files (worker thread). Never raises OSError:
     each resource's failure is its outcome."""
     outcomes: dict[str, _Outcome] = {}
-    for resource, (kind, file_name, devices) in plan.write.items():
-        spec = resource_spec(resource, kind, devices)
+    for resource, (renderer, file_name, devices) in plan.write.items():
         try:
-            if spec is None:
+            rendered = renderer.render(devices)
+            if rendered is None:
                 remove_owned_spec(directory, file_name)
                 outcomes[resource] = (b"", None, False, None)
                 continue
-            data = spec_json(spec)
-            entry = CdiResource(kind, file_name, frozenset(d.name for d in spec.devices))
+            entry = CdiResource(renderer.kind, file_name, rendered.names)
             old_data, old_stamp = previous.get(resource, (None, None))
-            if old_data == data and file_stamp(directory / file_name) == old_stamp:
-                outcomes[resource] = (data, entry, False, old_stamp)  # unchanged, still there
+            if old_data == rendered.data and file_stamp(directory / file_name) == old_stamp:
+                outcomes[resource] = (rendered.data, entry, False, old_stamp)  # still there
                 continue
-            stamp = write_spec_file(directory, file_name, data, ours=old_stamp)
-            outcomes[resource] = (data, entry, True, stamp)
-        except OSError as exc:
+            stamp = write_spec_file(directory, file_name, rendered.data, ours=old_stamp)
+            outcomes[resource] = (rendered.data, entry, True, stamp)
+        except (OSError, CdiSpecError) as exc:
             outcomes[resource] = exc
     for resource, file_name in plan.remove.items():
         try:
@@ -282,6 +291,8 @@ def _carry_out(
     return outcomes
 
 
-def _reason(exc: OSError) -> str:
+def _reason(exc: Exception) -> str:
+    if not isinstance(exc, OSError):
+        return str(exc)
     name = errno.errorcode.get(exc.errno or 0, "")
     return f"{name}: {exc.strerror or exc}" if name else str(exc)
