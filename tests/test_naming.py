@@ -99,3 +99,14 @@ def test_socket_file_name_is_one_safe_component() -> None:
 
 def test_natural_key_orders_numbers_numerically() -> None:
     assert sorted(["gpu10", "gpu2", "gpu1"], key=natural_key) == ["gpu1", "gpu2", "gpu10"]
+
+
+def test_a_trailing_newline_is_not_part_of_any_valid_name() -> None:
+    # Python's "$" also matches before a final newline; the rules must not.
+    from devplug.naming import cdi_kind_problem, device_id_problem, resource_name_problem
+
+    assert device_id_problem("gpu0\n") is not None
+    assert resource_name_problem("example.com/gpu\n") is not None
+    assert resource_name_problem("example.com\n/gpu") is not None
+    assert cdi_kind_problem("example.com/gpu\n") is not None
+    assert device_id_problem("gpu0") is None and resource_name_problem("example.com/gpu") is None

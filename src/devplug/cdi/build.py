@@ -26,6 +26,13 @@ from devplug.errors import CdiSpecError
 from devplug.model import DeviceInfo
 from devplug.naming import natural_key
 
+
+def _id_order(device_id: str) -> tuple[tuple[tuple[int, int | str], ...], str]:
+    """Natural order, then the id itself: "gpu01" and "gpu1" are equal to natural_key alone,
+    and the file must not depend on the order a map was filled in."""
+    return natural_key(device_id), device_id
+
+
 # Marks a spec file as devplug's: only marked files are ever replaced or deleted.
 OWNER_ANNOTATION = "devplug.io/managed-by"
 OWNER_VALUE = "devplug"
@@ -73,7 +80,7 @@ def resource_spec(resource: str, kind: str, devices: Mapping[str, DeviceInfo]) -
     without devices). Devices are listed in natural id order, so the file is stable."""
     entries = []
     edits_of: dict[int, ContainerEdits] = {}  # shares of one device have one DeviceInfo
-    for device_id in sorted(devices, key=natural_key):
+    for device_id in sorted(devices, key=_id_order):
         info = devices[device_id]
         edits = edits_of.get(id(info))
         if edits is None:
@@ -123,7 +130,7 @@ class SpecRenderer:
         fragments: list[bytes] = []
         names: list[str] = []
         versions = {self._head_version}
-        for device_id in sorted(devices, key=natural_key):
+        for device_id in sorted(devices, key=_id_order):
             info = devices[device_id]
             cached = self._made.get(device_id)
             if cached is None or cached[0] is not info:

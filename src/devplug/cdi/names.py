@@ -19,8 +19,8 @@ import re
 from devplug.errors import CdiSpecError
 from devplug.naming import cdi_kind_problem, device_id_problem
 
-_DEVICE_NAME = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9_.:-]*[A-Za-z0-9])?$")
-_ANNOTATION_NAME = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9_.-]*[A-Za-z0-9])?$")
+_DEVICE_NAME = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9_.:-]*[A-Za-z0-9])?\Z")
+_ANNOTATION_NAME = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9_.-]*[A-Za-z0-9])?\Z")
 ANNOTATION_PREFIX = "cdi.k8s.io/"
 MAX_ANNOTATION_NAME = 63
 
@@ -102,7 +102,8 @@ def annotation_key(plugin: str, device: str) -> str:
     name = re.sub(r"[^A-Za-z0-9_.-]", "_", raw).strip("_.-")
     if len(name) > MAX_ANNOTATION_NAME or not name:
         digest = hashlib.sha256(raw.encode()).hexdigest()[:12]
-        name = name[: MAX_ANNOTATION_NAME - len(digest) - 1].rstrip("_.-") + "_" + digest
+        prefix = name[: MAX_ANNOTATION_NAME - len(digest) - 1].rstrip("_.-")
+        name = f"{prefix}_{digest}" if prefix else f"h{digest}"
     if not _ANNOTATION_NAME.match(name):
         raise CdiSpecError(f"cannot make a CDI annotation key from {raw!r}")
     return ANNOTATION_PREFIX + name

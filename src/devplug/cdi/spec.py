@@ -32,9 +32,9 @@ DEVICE_TYPES = frozenset({"b", "c", "u", "p"})
 MAX_ANNOTATIONS_BYTES = 256 * 1024
 MAX_UINT32 = 2**32 - 1
 _DNS1123_SUBDOMAIN = re.compile(
-    r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+    r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*\Z"
 )
-_QUALIFIED_NAME = re.compile(r"^([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]$")
+_QUALIFIED_NAME = re.compile(r"^([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]\Z")
 _EMPTY: Mapping[str, str] = MappingProxyType({})
 
 
@@ -101,7 +101,14 @@ class Spec:
 
 
 def _absolute(value: str) -> bool:
-    return value.startswith("/") and "\0" not in value and posixpath.normpath(value) == value
+    # normpath keeps a leading "//" (POSIX leaves it implementation-defined); Go's Clean does
+    # not, so such a path is not normalised for the CDI library.
+    return (
+        value.startswith("/")
+        and not value.startswith("//")
+        and "\0" not in value
+        and posixpath.normpath(value) == value
+    )
 
 
 def _env_problems(entries: tuple[str, ...], where: str) -> Iterator[str]:
@@ -163,7 +170,7 @@ def _edits_problems(edits: ContainerEdits, where: str) -> Iterator[str]:
 def _annotation_problems(annotations: Mapping[str, str], where: str) -> Iterator[str]:
     total = 0
     for key, value in annotations.items():
-        total += len(key) + len(value)
+        total += len(key.encode()) + len(value.encode())  # bytes, as the library counts
         prefix, slash, name = key.lower().rpartition("/")
         if (
             key.count("/") > 1

@@ -41,6 +41,8 @@ from devplug.model import DeviceInfo, DeviceTree
 log = structlog.get_logger("devplug.cdi")
 
 RETRY_INITIAL_S = 1.0
+# How long after a change the specs are rebuilt (changes within it are written once).
+SETTLE_S = 0.02
 RETRY_MAX_S = 60.0
 
 
@@ -138,6 +140,9 @@ class CdiSync:
                 break
         await self._reconcile_start()
         while True:
+            # Let the scan that submitted this tree finish reaching the kubelet first: the
+            # spec is built in a thread that would compete with it for the interpreter.
+            await asyncio.sleep(SETTLE_S)
             version = self._tree.version
             tree = self._tree.value
             if tree is not None:

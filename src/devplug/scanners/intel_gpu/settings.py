@@ -14,7 +14,7 @@ from devplug.sizing import KUBELET_MAX_RECEIVE_BYTES, device_entry_bytes
 AllocationPolicy = Literal["none", "balanced", "packed"]
 ByPath = Literal["single", "none", "all"]
 
-_PCI_DEVICE_ID = re.compile(r"^0x[0-9a-f]{4}$")
+_PCI_DEVICE_ID = re.compile(r"^0x[0-9a-f]{4}\Z")
 # The longest id a share can have on a real host, with the longer health word and a NUMA node:
 # what one share costs in the kubelet's ListAndWatch message at most.
 _WORST_ADDRESS = "ffff:ff:1f.7"

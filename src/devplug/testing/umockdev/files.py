@@ -9,7 +9,7 @@ from typing import Final
 
 # Properties that describe the event, not the device; the kernel never puts them in uevent.
 _EVENT_ONLY_KEYS: Final = frozenset({"ACTION", "DEVPATH", "SEQNUM"})
-_KEY_RE: Final = re.compile(r"^[A-Za-z0-9_.:-]+$")
+_KEY_RE: Final = re.compile(r"^[A-Za-z0-9_.:-]+\Z")
 
 
 def _canonical_sys_path(sys_path: str) -> str:

@@ -1,0 +1,476 @@
+"""From advertised devices to CDI specs: device_edits, resource_spec, tree_specs, specs_text."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from devplug.cdi import build
+from devplug.cdi.build import (
+    OWNER_ANNOTATION,
+    OWNER_VALUE,
+    RESOURCE_ANNOTATION,
+    device_edits,
+    resource_spec,
+)
+from devplug.cdi.generate import specs_text, tree_specs
+from devplug.cdi.spec import (
+    ContainerEdits,
+    DeviceNodeEdit,
+    HookEdit,
+    MountEdit,
+    Spec,
+    SpecDevice,
+    minimum_version,
+    spec_document,
+    spec_json,
+    spec_problems,
+)
+from devplug.errors import CdiSpecError
+from devplug.model import CdiEdits, CdiHook, DeviceInfo, DeviceNode, DeviceTree, Health, Mount
+
+BIND_RO = ("ro", "nosuid", "nodev", "bind")
+BIND_RW = ("rw", "nosuid", "nodev", "bind")
+
+
+def node_info(path: str) -> DeviceInfo:
+    return DeviceInfo(nodes=(DeviceNode(path),))
+
+
+def intel_gpu(pci: str, card: int) -> DeviceInfo:
+    return DeviceInfo(
+        nodes=(DeviceNode(f"/dev/dri/card{card}"), DeviceNode(f"/dev/dri/renderD{128 + card}")),
+        mounts=(
+            Mount(f"/dev/dri/by-path/pci-{pci}-card"),
+            Mount(f"/dev/dri/by-path/pci-{pci}-render"),
+        ),
+    )
+
+
+# ------------------------------------------------------------------------- device_edits
+
+
+def test_owner_annotation_names() -> None:
+    assert OWNER_ANNOTATION == "devplug.io/managed-by"
+    assert OWNER_VALUE == "devplug"
+    assert RESOURCE_ANNOTATION == "devplug.io/resource"
+
+
+def test_device_without_anything_to_give_has_empty_edits() -> None:
+    edits = device_edits(
+        DeviceInfo(
+            annotations={"a": "b"},
+            numa_nodes=(0,),
+            health=Health.UNHEALTHY,
+            cdi_edits=CdiEdits(),
+            sources=("/sys/x",),
+        )
+    )
+    assert edits == ContainerEdits()
+    assert edits.empty
+
+
+def test_host_path_is_left_out_when_it_equals_the_container_path() -> None:
+    edits = device_edits(DeviceInfo(nodes=(DeviceNode("/dev/ttyUSB0", permissions="rw"),)))
+    assert edits == ContainerEdits(
+        device_nodes=(DeviceNodeEdit("/dev/ttyUSB0", host_path=None, permissions="rw"),)
+    )
+    s = Spec("example.com/serial", (SpecDevice("ttyUSB0", edits),))
+    assert minimum_version(s) == "0.3.0"
+    assert spec_document(s)["devices"][0]["containerEdits"] == {
+        "deviceNodes": [{"path": "/dev/ttyUSB0", "permissions": "rw"}]
+    }
+
+
+def test_host_path_is_kept_when_it_differs_and_needs_0_5_0() -> None:
+    info = DeviceInfo(nodes=(DeviceNode("/dev/ttyUSB3", "/dev/ttyUSB0", permissions="r"),))
+    edits = device_edits(info)
+    assert edits.device_nodes == (
+        DeviceNodeEdit("/dev/ttyUSB0", host_path="/dev/ttyUSB3", permissions="r"),
+    )
+    s = Spec("example.com/serial", (SpecDevice("ttyUSB3", edits),))
+    assert spec_problems(s) == []
+    assert minimum_version(s) == "0.5.0"
+
+
+@pytest.mark.parametrize("permissions", ["r", "w", "m", "rw", "rwm"])
+def test_node_permissions_are_carried(permissions: str) -> None:
+    info = DeviceInfo(nodes=(DeviceNode("/dev/x", permissions=permissions),))
+    assert device_edits(info).device_nodes[0].permissions == permissions
+
+
+def test_nodes_keep_their_order_and_carry_no_type_or_numbers() -> None:
+    info = DeviceInfo(nodes=(DeviceNode("/dev/b"), DeviceNode("/dev/a")))
+    assert device_edits(info).device_nodes == (
+        DeviceNodeEdit("/dev/b", permissions="rw"),
+        DeviceNodeEdit("/dev/a", permissions="rw"),
+    )
+
+
+def test_mounts_become_bind_mounts() -> None:
+    info = DeviceInfo(
+        mounts=(
+            Mount("/usr/lib/fw"),
+            Mount("/var/lib/data", "/data", read_only=False),
+            Mount("/etc/x", "/opt/x", read_only=True),
+        )
+    )
+    assert device_edits(info).mounts == (
+        MountEdit("/usr/lib/fw", "/usr/lib/fw", BIND_RO),
+        MountEdit("/var/lib/data", "/data", BIND_RW),
+        MountEdit("/etc/x", "/opt/x", BIND_RO),
+    )
+    # No mount type: the spec stays at the lowest version.
+    assert all(m.type is None for m in device_edits(info).mounts)
+
+
+def test_env_is_sorted_name_equals_value() -> None:
+    info = DeviceInfo(env={"ZED": "1", "ALPHA": "a=b", "MID": "", "B": "x y"})
+    assert device_edits(info).env == ("ALPHA=a=b", "B=x y", "MID=", "ZED=1")
+
+
+def test_cdi_only_edits_are_carried() -> None:
+    info = DeviceInfo(
+        cdi_edits=CdiEdits(
+            hooks=(
+                CdiHook("createContainer", "/usr/bin/hook", ("hook", "-v"), ("X=1",), 5),
+                CdiHook("poststop", "/usr/bin/clean"),
+            ),
+            additional_gids=(44, 107),
+        )
+    )
+    edits = device_edits(info)
+    assert edits == ContainerEdits(
+        hooks=(
+            HookEdit("createContainer", "/usr/bin/hook", ("hook", "-v"), ("X=1",), 5),
+            HookEdit("poststop", "/usr/bin/clean", (), (), None),
+        ),
+        additional_gids=(44, 107),
+    )
+    s = Spec("example.com/x", (SpecDevice("d0", edits),))
+    assert minimum_version(s) == "0.7.0"  # additionalGids
+
+
+def test_everything_together() -> None:
+    info = DeviceInfo(
+        nodes=(DeviceNode("/dev/accel0", permissions="rwm"),),
+        mounts=(Mount("/usr/share/accel"),),
+        env={"ACCEL": "0"},
+        cdi_edits=CdiEdits(hooks=(CdiHook("createContainer", "/bin/h"),), additional_gids=(5,)),
+    )
+    assert device_edits(info) == ContainerEdits(
+        env=("ACCEL=0",),
+        device_nodes=(DeviceNodeEdit("/dev/accel0", permissions="rwm"),),
+        mounts=(MountEdit("/usr/share/accel", "/usr/share/accel", BIND_RO),),
+        hooks=(HookEdit("createContainer", "/bin/h"),),
+        additional_gids=(5,),
+    )
+
+
+# ------------------------------------------------------------------------- resource_spec
+
+
+def test_resource_spec_lists_devices_in_natural_id_order() -> None:
+    devices = {i: node_info(f"/dev/{i}") for i in ("gpu10", "gpu2", "gpu1", "gpu0", "card0")}
+    s = resource_spec("example.com/gpu", "example.com/gpu", devices)
+    assert s is not None
+    assert [d.name for d in s.devices] == ["card0", "gpu0", "gpu1", "gpu2", "gpu10"]
+
+
+def test_resource_spec_shape_and_owner_annotations() -> None:
+    devices = {"ttyUSB1": node_info("/dev/ttyUSB1"), "ttyUSB0": node_info("/dev/ttyUSB0")}
+    s = resource_spec("example.com/serial", "vendor.io/tty", devices)
+    assert s == Spec(
+        kind="vendor.io/tty",
+        devices=(
+            SpecDevice(
+                "ttyUSB0",
+                ContainerEdits(device_nodes=(DeviceNodeEdit("/dev/ttyUSB0", permissions="rw"),)),
+            ),
+            SpecDevice(
+                "ttyUSB1",
+                ContainerEdits(device_nodes=(DeviceNodeEdit("/dev/ttyUSB1", permissions="rw"),)),
+            ),
+        ),
+        edits=None,
+        annotations={
+            "devplug.io/managed-by": "devplug",
+            "devplug.io/resource": "example.com/serial",
+        },
+    )
+    assert spec_problems(s) == []
+    assert minimum_version(s) == "0.6.0"  # the annotations
+
+
+def test_shares_of_one_device_info_are_built_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[DeviceInfo] = []
+    real = build.device_edits
+
+    def counting(info: DeviceInfo) -> ContainerEdits:
+        calls.append(info)
+        return real(info)
+
+    monkeypatch.setattr(build, "device_edits", counting)
+    gpu = intel_gpu("0000:03:00.0", 0)
+    other = node_info("/dev/x")
+    devices = {"card0-0": gpu, "card0-1": gpu, "card0-2": gpu, "x": other}
+    s = resource_spec("gpu.intel.com/i915", "gpu.intel.com/i915", devices)
+    assert s is not None
+    assert [d.name for d in s.devices] == ["card0-0", "card0-1", "card0-2", "x"]
+    assert s.devices[0].edits == s.devices[1].edits == s.devices[2].edits == real(gpu)
+    assert s.devices[3].edits == real(other)
+    assert len(calls) == 2 and calls[0] is gpu and calls[1] is other
+
+
+def test_equal_but_distinct_device_infos_each_get_their_edits() -> None:
+    devices = {"a": node_info("/dev/a"), "b": node_info("/dev/b")}
+    s = resource_spec("example.com/x", "example.com/x", devices)
+    assert s is not None
+    assert [d.edits.device_nodes[0].path for d in s.devices] == ["/dev/a", "/dev/b"]
+
+
+def test_devices_with_nothing_to_give_are_left_out() -> None:
+    devices = {
+        "d0": DeviceInfo(),
+        "d1": node_info("/dev/d1"),
+        "d2": DeviceInfo(annotations={"k": "v"}, cdi_edits=CdiEdits()),
+        "d3": DeviceInfo(env={"A": "1"}),
+    }
+    s = resource_spec("example.com/x", "example.com/x", devices)
+    assert s is not None
+    assert [d.name for d in s.devices] == ["d1", "d3"]
+
+
+def test_no_spec_when_no_device_has_anything_to_give() -> None:
+    devices = {"d0": DeviceInfo(), "d1": DeviceInfo(annotations={"k": "v"})}
+    assert resource_spec("example.com/x", "example.com/x", devices) is None
+    assert resource_spec("example.com/x", "example.com/x", {}) is None
+
+
+def test_resource_spec_refuses_ids_that_are_not_cdi_names() -> None:
+    with pytest.raises(CdiSpecError, match="'bad id' is not a CDI device name"):
+        resource_spec("example.com/x", "example.com/x", {"bad id": node_info("/dev/x")})
+
+
+def test_resource_spec_order_does_not_depend_on_insertion_order() -> None:
+    a, b = node_info("/dev/a"), node_info("/dev/b")
+    one = resource_spec("example.com/x", "example.com/x", {"gpu01": a, "gpu1": b})
+    two = resource_spec("example.com/x", "example.com/x", {"gpu1": b, "gpu01": a})
+    assert one is not None and two is not None
+    assert spec_json(one) == spec_json(two)
+
+
+def test_intel_gpu_like_spec() -> None:
+    devices = {
+        "0000:4d:00.0": intel_gpu("0000:4d:00.0", 1),
+        "0000:03:00.0": intel_gpu("0000:03:00.0", 0),
+    }
+    s = resource_spec("gpu.intel.com/i915", "gpu.intel.com/i915", devices)
+    assert s is not None
+    assert spec_problems(s) == []
+    assert minimum_version(s) == "0.6.0"
+    assert json.loads(spec_json(s)) == {
+        "cdiVersion": "0.6.0",
+        "kind": "gpu.intel.com/i915",
+        "annotations": {
+            "devplug.io/managed-by": "devplug",
+            "devplug.io/resource": "gpu.intel.com/i915",
+        },
+        "devices": [
+            {
+                "name": "0000:03:00.0",
+                "containerEdits": {
+                    "deviceNodes": [
+                        {"path": "/dev/dri/card0", "permissions": "rw"},
+                        {"path": "/dev/dri/renderD128", "permissions": "rw"},
+                    ],
+                    "mounts": [
+                        {
+                            "hostPath": "/dev/dri/by-path/pci-0000:03:00.0-card",
+                            "containerPath": "/dev/dri/by-path/pci-0000:03:00.0-card",
+                            "options": ["ro", "nosuid", "nodev", "bind"],
+                        },
+                        {
+                            "hostPath": "/dev/dri/by-path/pci-0000:03:00.0-render",
+                            "containerPath": "/dev/dri/by-path/pci-0000:03:00.0-render",
+                            "options": ["ro", "nosuid", "nodev", "bind"],
+                        },
+                    ],
+                },
+            },
+            {
+                "name": "0000:4d:00.0",
+                "containerEdits": {
+                    "deviceNodes": [
+                        {"path": "/dev/dri/card1", "permissions": "rw"},
+                        {"path": "/dev/dri/renderD129", "permissions": "rw"},
+                    ],
+                    "mounts": [
+                        {
+                            "hostPath": "/dev/dri/by-path/pci-0000:4d:00.0-card",
+                            "containerPath": "/dev/dri/by-path/pci-0000:4d:00.0-card",
+                            "options": ["ro", "nosuid", "nodev", "bind"],
+                        },
+                        {
+                            "hostPath": "/dev/dri/by-path/pci-0000:4d:00.0-render",
+                            "containerPath": "/dev/dri/by-path/pci-0000:4d:00.0-render",
+                            "options": ["ro", "nosuid", "nodev", "bind"],
+                        },
+                    ],
+                },
+            },
+        ],
+    }
+
+
+# ------------------------------------------------------------------------- tree_specs
+
+
+def sample_tree() -> DeviceTree:
+    return DeviceTree(
+        {
+            "gpu.intel.com/i915": {"0000:03:00.0": intel_gpu("0000:03:00.0", 0)},
+            "example.com/serial": {
+                "ttyUSB0": node_info("/dev/ttyUSB0"),
+                "ttyUSB1": node_info("/dev/ttyUSB1"),
+            },
+            "example.com/nothing": {"d0": DeviceInfo(), "d1": DeviceInfo(env={})},
+            "3d.example.com/cam": {"video0": node_info("/dev/video0")},
+        }
+    )
+
+
+def test_tree_specs_one_spec_per_resource_with_something_to_give() -> None:
+    tree = sample_tree()
+    specs = tree_specs(tree, {})
+    assert sorted(specs) == [
+        "example.com-serial.json",
+        "gpu.intel.com-i915.json",
+        "x3d.example.com-cam.json",
+    ]
+    for name, resource, kind in (
+        ("example.com-serial.json", "example.com/serial", "example.com/serial"),
+        ("gpu.intel.com-i915.json", "gpu.intel.com/i915", "gpu.intel.com/i915"),
+        ("x3d.example.com-cam.json", "3d.example.com/cam", "x3d.example.com/cam"),
+    ):
+        assert specs[name] == resource_spec(resource, kind, tree[resource])
+        assert specs[name].annotations[RESOURCE_ANNOTATION] == resource
+    assert [d.name for d in specs["example.com-serial.json"].devices] == ["ttyUSB0", "ttyUSB1"]
+
+
+def test_tree_specs_of_an_empty_tree() -> None:
+    assert tree_specs(DeviceTree(), {}) == {}
+
+
+def test_tree_specs_kinds_override_the_default() -> None:
+    kinds = {"example.com/serial": "vendor.io/tty", "example.com/unused": "vendor.io/unused"}
+    specs = tree_specs(sample_tree(), kinds)
+    assert sorted(specs) == [
+        "gpu.intel.com-i915.json",
+        "vendor.io-tty.json",
+        "x3d.example.com-cam.json",
+    ]
+    assert specs["vendor.io-tty.json"].kind == "vendor.io/tty"
+    assert specs["vendor.io-tty.json"].annotations[RESOURCE_ANNOTATION] == "example.com/serial"
+
+
+def test_tree_specs_empty_kind_means_the_default() -> None:
+    specs = tree_specs(sample_tree(), {"example.com/serial": ""})
+    assert specs["example.com-serial.json"].kind == "example.com/serial"
+
+
+def test_two_resources_on_one_file_by_default_kinds() -> None:
+    # Different kinds, same "<vendor>-<class>.json".
+    tree = DeviceTree(
+        {"a.io/b-c": {"d0": node_info("/dev/d0")}, "a.io-b/c": {"d0": node_info("/dev/d0")}}
+    )
+    with pytest.raises(CdiSpecError) as caught:
+        tree_specs(tree, {})
+    message = str(caught.value)
+    assert "a.io/b-c" in message and "a.io-b/c" in message and "a.io-b-c.json" in message
+    assert "cdi.kinds" in message
+
+
+def test_two_resources_on_one_file_by_the_x_prefix() -> None:
+    tree = DeviceTree(
+        {
+            "3d.example.com/cam": {"v0": node_info("/dev/video0")},
+            "x3d.example.com/cam": {"v1": node_info("/dev/video1")},
+        }
+    )
+    with pytest.raises(CdiSpecError, match=r"x3d\.example\.com-cam\.json") as caught:
+        tree_specs(tree, {})
+    assert "3d.example.com/cam and x3d.example.com/cam" in str(caught.value)
+    # Giving one of them its own kind resolves it.
+    specs = tree_specs(tree, {"3d.example.com/cam": "example.com/cam3d"})
+    assert sorted(specs) == ["example.com-cam3d.json", "x3d.example.com-cam.json"]
+
+
+def test_two_resources_on_one_file_by_configured_kinds() -> None:
+    tree = DeviceTree(
+        {"example.com/a": {"d0": node_info("/dev/a")}, "example.com/b": {"d0": node_info("/dev/b")}}
+    )
+    kinds = {"example.com/a": "example.com/x", "example.com/b": "example.com/x"}
+    with pytest.raises(CdiSpecError) as caught:
+        tree_specs(tree, kinds)
+    assert "example.com/a and example.com/b would both be written to example.com-x.json" in str(
+        caught.value
+    )
+
+
+@pytest.mark.parametrize("kind", ["serial", "1vendor.com/serial", "example.com/se:rial", "a/b/c"])
+def test_tree_specs_refuses_an_invalid_kind(kind: str) -> None:
+    with pytest.raises(CdiSpecError, match="invalid kind") as caught:
+        tree_specs(sample_tree(), {"example.com/serial": kind})
+    assert repr(kind) in str(caught.value)
+
+
+# ------------------------------------------------------------------------- specs_text
+
+
+def test_specs_text_maps_file_names_to_spec_documents() -> None:
+    specs = tree_specs(sample_tree(), {})
+    text = specs_text(specs)
+    assert text.endswith("}\n") and not text.endswith("\n\n")
+    document = json.loads(text)
+    assert list(document) == [
+        "example.com-serial.json",
+        "gpu.intel.com-i915.json",
+        "x3d.example.com-cam.json",
+    ]
+    assert document["example.com-serial.json"] == {
+        "cdiVersion": "0.6.0",
+        "kind": "example.com/serial",
+        "annotations": {
+            "devplug.io/managed-by": "devplug",
+            "devplug.io/resource": "example.com/serial",
+        },
+        "devices": [
+            {
+                "name": "ttyUSB0",
+                "containerEdits": {"deviceNodes": [{"path": "/dev/ttyUSB0", "permissions": "rw"}]},
+            },
+            {
+                "name": "ttyUSB1",
+                "containerEdits": {"deviceNodes": [{"path": "/dev/ttyUSB1", "permissions": "rw"}]},
+            },
+        ],
+    }
+    for name, spec in specs.items():
+        assert document[name] == json.loads(spec_json(spec))
+
+
+def test_specs_text_of_no_specs() -> None:
+    assert json.loads(specs_text({})) == {}
+
+
+def test_specs_text_refuses_an_invalid_spec() -> None:
+    # tree_specs does not validate edits; the hook name is only caught when writing.
+    bad_hook = DeviceInfo(cdi_edits=CdiEdits(hooks=(CdiHook("preStart", "/bin/h"),)))
+    specs = tree_specs(DeviceTree({"example.com/x": {"d0": bad_hook}}), {})
+    assert list(specs) == ["example.com-x.json"]
+    with pytest.raises(CdiSpecError, match="invalid hook name 'preStart'"):
+        specs_text(specs)
+    with pytest.raises(CdiSpecError, match="no devices"):
+        specs_text({"example.com-x.json": Spec("example.com/x", ())})
