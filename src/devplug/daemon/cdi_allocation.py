@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from devplug.cdi.names import annotation_key, qualified_name
 from devplug.daemon.cdi_sync import CdiCatalog
-from devplug.model import ContainerAllocation
+from devplug.model import ContainerAllocation, DeviceInfo
 
 # The plugin part of devplug's cdi.k8s.io/<plugin>_<resource> annotation keys.
 ANNOTATION_PLUGIN = "devplug"
@@ -25,10 +25,12 @@ def with_cdi(
     ids: Sequence[str],
     answer: ContainerAllocation,
     options: CdiOptions,
+    devices: Mapping[str, DeviceInfo],
     *,
     may_strip: bool = True,
 ) -> ContainerAllocation:
-    """``answer`` plus the CDI names of ``ids`` that the resource's spec on disk defines.
+    """``answer`` plus the CDI names of ``ids`` that the resource's spec on disk defines as
+    they are now (``devices``: the advertised devices).
 
     Applied to the default answer, which is made from the same devices as the spec (an
     Allocator hook's answer is the hook's own and is sent as it is). Without ``device_specs``,
@@ -39,7 +41,7 @@ def with_cdi(
     entry = options.catalog.get(resource)
     if entry is None:
         return answer
-    names = tuple(qualified_name(entry.kind, i) for i in ids if i in entry.names)
+    names = tuple(qualified_name(entry.kind, i) for i in ids if entry.defines(i, devices[i]))
     if not names:
         return answer
     annotations = dict(answer.annotations)

@@ -46,13 +46,29 @@ SETTLE_S = 0.02
 RETRY_MAX_S = 60.0
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, eq=False)
 class CdiResource:
     """What the spec file of one resource on disk defines."""
 
     kind: str
     file_name: str
     names: frozenset[str]
+    # The devices the file was made from: a device whose nodes, mounts or env changed since
+    # is not named in Allocate until its spec is rewritten (the runtime would inject the old).
+    devices: Mapping[str, DeviceInfo]
+
+    def defines(self, device_id: str, now: DeviceInfo) -> bool:
+        """Whether the spec on disk gives ``device_id`` what ``now`` says it should get."""
+        if device_id not in self.names:
+            return False
+        then = self.devices.get(device_id)
+        return then is now or (
+            then is not None
+            and then.nodes == now.nodes
+            and then.mounts == now.mounts
+            and then.env == now.env
+            and then.cdi_edits == now.cdi_edits
+        )
 
 
 class CdiCatalog:
@@ -67,7 +83,7 @@ class CdiCatalog:
         return self._resources.get(resource)
 
     def set(self, resource: str, value: CdiResource | None) -> None:
-        if self._resources.get(resource) == value:
+        if self._resources.get(resource) is value:
             return
         if value is None:
             self._resources.pop(resource, None)
@@ -96,6 +112,7 @@ class _Plan:
         default_factory=dict
     )
     remove: dict[str, str] = field(default_factory=dict)  # resource -> file name
+    forget: set[str] = field(default_factory=set)  # resources whose file another one took
 
 
 class CdiSync:
@@ -107,6 +124,7 @@ class CdiSync:
         self._written: dict[str, _Written] = {}
         self._failing: dict[str, str] = {}  # resource -> the reason of its last failure
         self._kind_problems: set[str] = set()
+        self._clashes: set[tuple[str, str]] = set()
         self._renderers: dict[str, SpecRenderer] = {}
         self.writes = 0  # counters for tests and metrics
         self.failures = 0
@@ -179,20 +197,40 @@ class CdiSync:
 
     def _plan(self, tree: DeviceTree) -> _Plan:
         plan = _Plan()
-        for resource, devices in tree.items():
-            done = self._written.get(resource)
-            if done is not None and done.devices is devices and resource not in self._failing:
-                continue  # the same device map as last time: nothing to rebuild
+        claimed: dict[str, str] = {}  # spec file name -> the resource it belongs to
+        for resource in sorted(tree):
+            devices = tree[resource]
             kind = self.kind_of(resource)
             if kind is None:
                 continue
+            file_name = spec_file_name(kind)
+            owner = claimed.setdefault(file_name, resource)
+            if owner != resource:
+                # Two kinds, one file (a/b-c and a-b/c), or a configured kind equal to another
+                # resource's: the first resource (by name) keeps the file, the other gets none.
+                if (resource, file_name) not in self._clashes:
+                    self._clashes.add((resource, file_name))
+                    log.error(
+                        "cdi.spec.file_clash",
+                        resource=resource,
+                        file=file_name,
+                        taken_by=owner,
+                        fix=f"set cdi.kinds for {resource} to a kind of its own",
+                    )
+                continue
+            done = self._written.get(resource)
+            if done is not None and done.devices is devices and resource not in self._failing:
+                continue  # the same device map as last time: nothing to rebuild
             renderer = self._renderers.get(resource)
             if renderer is None or renderer.kind != kind:
                 renderer = self._renderers[resource] = SpecRenderer(resource, kind)
-            plan.write[resource] = (renderer, spec_file_name(kind), devices)
+            plan.write[resource] = (renderer, file_name, devices)
         for resource, done in self._written.items():
             if resource not in tree:
                 plan.remove[resource] = done.entry.file_name
+            elif claimed.get(done.entry.file_name) != resource:
+                # Its file now belongs to another resource: forget it without deleting it.
+                plan.forget.add(resource)
         for resource in list(self._failing):
             if resource not in tree and resource not in self._written:
                 del self._failing[resource]  # gone before its spec was ever written
@@ -203,6 +241,9 @@ class CdiSync:
 
     async def _sync(self, tree: DeviceTree) -> None:
         plan = self._plan(tree)
+        for resource in plan.forget:
+            self._written.pop(resource, None)
+            self.catalog.set(resource, None)
         if not plan.write and not plan.remove:
             return
         previous = {
@@ -210,7 +251,17 @@ class CdiSync:
             for r in plan.write
             if r in self._written
         }
-        outcomes = await asyncio.to_thread(_carry_out, self.directory, plan, previous)
+        work = asyncio.ensure_future(asyncio.to_thread(_carry_out, self.directory, plan, previous))
+        try:
+            outcomes = await asyncio.shield(work)
+        except asyncio.CancelledError:
+            # Stopping: the thread cannot be stopped, so wait for it and record what it wrote,
+            # or close() would not know to remove a spec written in these last milliseconds.
+            self._record(plan, await work)
+            raise
+        self._record(plan, outcomes)
+
+    def _record(self, plan: _Plan, outcomes: Mapping[str, _Outcome]) -> None:
         for resource, outcome in outcomes.items():
             if isinstance(outcome, Exception):
                 self.failures += 1
@@ -278,7 +329,7 @@ def _carry_out(
                 remove_owned_spec(directory, file_name)
                 outcomes[resource] = (b"", None, False, None)
                 continue
-            entry = CdiResource(renderer.kind, file_name, rendered.names)
+            entry = CdiResource(renderer.kind, file_name, rendered.names, devices)
             old_data, old_stamp = previous.get(resource, (None, None))
             if old_data == rendered.data and file_stamp(directory / file_name) == old_stamp:
                 outcomes[resource] = (rendered.data, entry, False, old_stamp)  # still there

@@ -151,7 +151,9 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
         if answers is None:
             if self._post_allocator is None:
                 return [self._default_response(ids, devices) for ids in requests]
-            answers = [self._with_cdi(ids, default_allocation(ids, devices)) for ids in requests]
+            answers = [
+                self._with_cdi(ids, default_allocation(ids, devices), devices) for ids in requests
+            ]
         if self._post_allocator is not None:
             answers = await _resolve(
                 self._post_allocator.post_allocate(self.resource, requests, answers)
@@ -159,10 +161,12 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
         _check_count(answers, requests)
         return [container_response(answer) for answer in answers]
 
-    def _with_cdi(self, ids: Sequence[str], answer: ContainerAllocation) -> ContainerAllocation:
+    def _with_cdi(
+        self, ids: Sequence[str], answer: ContainerAllocation, devices: DeviceMap
+    ) -> ContainerAllocation:
         if self.cdi is None:
             return answer
-        return with_cdi(self.resource, ids, answer, self.cdi, may_strip=True)
+        return with_cdi(self.resource, ids, answer, self.cdi, devices)
 
     def _default_response(
         self, ids: Sequence[str], devices: DeviceMap
@@ -177,7 +181,8 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
         key = tuple(ids)
         cached = self._answers.get(key)
         if cached is None:
-            cached = container_response(self._with_cdi(ids, default_allocation(ids, devices)))
+            answer = self._with_cdi(ids, default_allocation(ids, devices), devices)
+            cached = container_response(answer)
             if len(self._answers) < MAX_CACHED_ANSWERS:
                 self._answers[key] = cached
         return cached

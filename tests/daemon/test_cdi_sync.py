@@ -1,0 +1,741 @@
+"""CDI spec files kept by the running daemon, and the CDI names in its Allocate answers.
+
+The daemon runs in this process against the kubelet simulator with a StaticScanner. Full and
+read-only CDI dirs are real tmpfs mounts when the tests run as root; without root, an
+unwritable dir is a chmod 0555 dir and the full-disk case is skipped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import stat
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pydantic
+import pytest
+import structlog
+
+from devplug.cdi.build import OWNER_ANNOTATION, OWNER_VALUE, RESOURCE_ANNOTATION
+from devplug.cdi.files import TEMP_PREFIX, FileStamp, write_spec_file
+from devplug.config import CdiSettings, Settings
+from devplug.daemon.cdi_sync import CdiResource
+from devplug.model import ContainerAllocation, DeviceInfo, DeviceNode, Health, Mount
+from devplug.testing.harness import StaticScanner, daemon_settings, running_daemon
+from devplug.testing.simulator import KubeletSimulator, PluginSession
+
+SERIAL = "example.com/serial"
+SERIAL_SPEC = "example.com-serial.json"
+OTHER = "example.com/other"
+OTHER_SPEC = "example.com-other.json"
+ROOT = os.geteuid() == 0
+NO_SPEC = CdiResource("", "", frozenset(), {})  # stands in for "the catalog has no spec"
+
+
+def devices(
+    count: int, start: int = 0, pad: int = 0, health: Health = Health.HEALTHY
+) -> dict[str, DeviceInfo]:
+    return {
+        f"dev{i}": DeviceInfo(
+            health=health,
+            nodes=(DeviceNode(f"/dev/ttyX{i}"),),
+            mounts=(Mount(f"/run/serial/{i}"),),
+            env={"SERIAL": str(i), **({"PAD": "x" * pad} if pad else {})},
+        )
+        for i in range(start, start + count)
+    }
+
+
+def name(device_id: str, kind: str = SERIAL) -> str:
+    return f"{kind}={device_id}"
+
+
+async def eventually(condition: Callable[[], bool], timeout: float = 5.0) -> None:
+    """Wait until ``condition()`` holds (state owned by the daemon, with no event to await)."""
+    async with asyncio.timeout(timeout):
+        while not condition():  # noqa: ASYNC110 - the CDI task exposes state, not events
+            await asyncio.sleep(0.005)
+
+
+def spec_on_disk(path: Path) -> dict[str, Any]:
+    document = json.loads(path.read_bytes())
+    assert isinstance(document, dict)
+    return document
+
+
+def defined_names(cdi_dir: Path) -> set[str]:
+    """Every qualified CDI name the spec files in ``cdi_dir`` define (what a runtime resolves)."""
+    names: set[str] = set()
+    for path in cdi_dir.glob("*.json"):
+        document = spec_on_disk(path)
+        names.update(f"{document['kind']}={d['name']}" for d in document["devices"])
+    return names
+
+
+def stamp(path: Path) -> FileStamp:
+    info = os.lstat(path)
+    return (info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns)
+
+
+def has_device_specs(answer: ContainerAllocation, *ids: str) -> bool:
+    """The answer gives the devices' nodes, mounts and env (a runtime without CDI works)."""
+    numbers = [i.removeprefix("dev") for i in ids]
+    return (
+        [n.host_path for n in answer.nodes] == [f"/dev/ttyX{n}" for n in numbers]
+        and [m.host_path for m in answer.mounts] == [f"/run/serial/{n}" for n in numbers]
+        and answer.env.get("SERIAL") == ",".join(numbers)  # values joined in id order
+    )
+
+
+def stripped(answer: ContainerAllocation) -> bool:
+    return not answer.nodes and not answer.mounts and not answer.env
+
+
+def settings(kubelet_dir: Path, cdi_dir: Path, **cdi: Any) -> Settings:
+    return daemon_settings(kubelet_dir, cdi=CdiSettings(dir=cdi_dir, **cdi))
+
+
+@pytest.fixture
+def cdi_dir(short_dir: Path) -> Path:
+    return short_dir / "cdi"
+
+
+async def started(
+    kubelet: KubeletSimulator, resource: str = SERIAL, count: int | None = None
+) -> PluginSession:
+    session = await kubelet.wait_for_plugin(resource)
+    await session.wait_for_update(lambda listed: count is None or len(listed) == count)
+    return session
+
+
+# ------------------------------------------------------------------------- faulty dirs
+
+
+async def _run(*command: str) -> None:
+    process = await asyncio.create_subprocess_exec(
+        *command, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
+    )
+    out, err = await process.communicate()
+    assert process.returncode == 0, f"{command}: {out!r} {err!r}"
+
+
+class FaultyDir:
+    """The CDI dir, which a test can make full or unwritable and repair.
+
+    As root it is a tmpfs of its own (16 KiB when ``full``), remounted read-only or bigger;
+    otherwise an ordinary dir, chmod 0555 to make it unwritable (and ``full`` is skipped).
+    """
+
+    def __init__(self, path: Path, *, full: bool = False) -> None:
+        self.path = path
+        self.mounted = False
+        self.full = full
+        path.mkdir(mode=0o755, parents=True, exist_ok=True)
+        if ROOT:
+            size = "16k" if full else "1m"
+            mounted = subprocess.run(
+                ["mount", "-t", "tmpfs", "-o", f"size={size},mode=0755", "tmpfs", str(path)],
+                capture_output=True,
+                text=True,
+                check=False,
+            )
+            if mounted.returncode != 0:
+                pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.strip()}")
+            self.mounted = True
+        elif full:
+            pytest.skip("a full filesystem needs a tmpfs mount, which needs root")
+
+    @property
+    def unwritable_errno(self) -> str:
+        return "EROFS" if self.mounted else "EACCES"
+
+    async def make_unwritable(self) -> None:
+        if self.mounted:
+            await _run("mount", "-o", "remount,ro", str(self.path))
+        else:
+            self.path.chmod(0o555)
+
+    async def repair(self) -> None:
+        if self.mounted:
+            await _run("mount", "-o", "remount,rw,size=1m", str(self.path))
+        else:
+            self.path.chmod(0o755)
+
+    def close(self) -> None:
+        if self.mounted:
+            subprocess.run(["umount", "-l", str(self.path)], capture_output=True, check=False)
+        elif self.path.exists():
+            self.path.chmod(0o755)
+
+
+@pytest.fixture
+def faulty_dir(cdi_dir: Path) -> Iterator[Callable[..., FaultyDir]]:
+    made: list[FaultyDir] = []
+
+    def make(*, full: bool = False) -> FaultyDir:
+        made.append(FaultyDir(cdi_dir, full=full))
+        return made[-1]
+
+    try:
+        yield make
+    finally:
+        for faulty in made:
+            faulty.close()
+
+
+# ------------------------------------------------------------------------- writing
+
+
+async def test_a_spec_is_written_when_a_resource_appears(
+    kubelet: KubeletSimulator, kubelet_dir: Path, cdi_dir: Path
+) -> None:
+    scanner = StaticScanner({SERIAL: devices(2)})
+    async with running_daemon(settings(kubelet_dir, cdi_dir), [scanner]) as daemon:
+        await started(kubelet)
+        path = cdi_dir / SERIAL_SPEC
+        await eventually(path.exists, timeout=2)
+        info = os.lstat(path)
+        assert stat.S_ISREG(info.st_mode) and stat.S_IMODE(info.st_mode) == 0o644
+        document = spec_on_disk(path)
+        assert document["kind"] == SERIAL
+        assert document["annotations"] == {
+            OWNER_ANNOTATION: OWNER_VALUE,
+            RESOURCE_ANNOTATION: SERIAL,
+        }
+        assert [d["name"] for d in document["devices"]] == ["dev0", "dev1"]
+        edits = document["devices"][1]["containerEdits"]
+        assert edits["env"] == ["SERIAL=1"]
+        assert [n["path"] for n in edits["deviceNodes"]] == ["/dev/ttyX1"]
+        assert [m["hostPath"] for m in edits["mounts"]] == ["/run/serial/1"]
+        assert sorted(os.listdir(cdi_dir)) == [SERIAL_SPEC]
+
+        # A resource that appears later gets its own file; the first is left as it is.
+        before = stamp(path)
+        scanner.set({SERIAL: devices(2), OTHER: devices(1)})
+        await daemon.rescan()
+        await started(kubelet, OTHER)
+        await eventually((cdi_dir / OTHER_SPEC).exists, timeout=2)
+        assert spec_on_disk(cdi_dir / OTHER_SPEC)["kind"] == OTHER
+        assert stamp(path) == before
+
+
+async def test_allocate_names_exactly_the_requested_devices(
+    kubelet: KubeletSimulator, kubelet_dir: Path, cdi_dir: Path
+) -> None:
+    scanner = StaticScanner({SERIAL: devices(3)})
+    async with running_daemon(settings(kubelet_dir, cdi_dir), [scanner]) as daemon:
+        session = await started(kubelet)
+        await eventually(lambda: daemon.cdi_catalog.get(SERIAL) is not None)
+        assert (cdi_dir / SERIAL_SPEC).exists()
+        first, second = await session.allocate(["dev2", "dev0"], ["dev1"])
+        assert first.cdi_devices == (name("dev2"), name("dev0"))
+        assert second.cdi_devices == (name("dev1"),)
+        assert set(first.cdi_devices + second.cdi_devices) <= defined_names(cdi_dir)
+        # device_specs is on by default: the nodes, mounts and env are there too.
+        assert has_device_specs(first, "dev2", "dev0")
+        assert has_device_specs(second, "dev1")
+        assert first.annotations == {}  # annotations are off by default
+
+
+async def test_annotations_name_the_devices_for_older_runtimes(
+    kubelet: KubeletSimulator, kubelet_dir: Path, cdi_dir: Path
+) -> None:
+    scanner = StaticScanner({SERIAL: devices(3)})
+    cdi = settings(kubelet_dir, cdi_dir, annotations=True)
+    async with running_daemon(cdi, [scanner]) as daemon:
+        session = await started(kubelet)
+        await eventually(lambda: daemon.cdi_catalog.get(SERIAL) is not None)
+        (answer,) = await session.allocate(["dev0", "dev2"])
+        assert answer.annotations == {
+            "cdi.k8s.io/devplug_example.com_serial": f"{name('dev0')},{name('dev2')}"
+        }
+        assert answer.cdi_devices == (name("dev0"), name("dev2"))
+
+
+async def test_without_device_specs_only_the_cdi_names_are_sent(
+    kubelet: KubeletSimulator, kubelet_dir: Path, cdi_dir: Path
+) -> None:
+    scanner = StaticScanner({SERIAL: devices(2)})
+    cdi = settings(kubelet_dir, cdi_dir, device_specs=False)
+    async with running_daemon(cdi, [scanner]) as daemon:
+        session = await started(kubelet)
+        await eventually(lambda: daemon.cdi_catalog.get(SERIAL) is not None)
+        (answer,) = await session.allocate(["dev0", "dev1"])
+        assert answer.cdi_devices == (name("dev0"), name("dev1"))
+        assert stripped(answer)
+
+
+async def test_a_device_the_spec_does_not_define_yet_keeps_its_device_specs(
+    kubelet: KubeletSimulator, kubelet_dir: Path, faulty_dir: Callable[..., FaultyDir]
+) -> None:
+    """Between a device's discovery and its spec's rewrite (forever, if the rewrite fails),
+    Allocate gives it nodes, mounts and env, even without device_specs."""
+    faulty = faulty_dir()
+    scanner = StaticScanner({SERIAL: devices(2)})
+    cdi = settings(kubelet_dir, faulty.path, device_specs=False)
+    async with running_daemon(cdi, [scanner]) as daemon:
+        session = await started(kubelet)
+        sync = daemon.cdi_sync
+        assert sync is not None
+        await eventually(lambda: daemon.cdi_catalog.get(SERIAL) is not None)
+        await faulty.make_unwritable()
+        scanner.set({SERIAL: devices(3)})
+        await daemon.rescan()
+        await session.wait_for_update(lambda listed: "dev2" in listed)
+        await eventually(lambda: sync.failures >= 1)
+        assert [d["name"] for d in spec_on_disk(faulty.path / SERIAL_SPEC)["devices"]] == [
+            "dev0",
+            "dev1",
+        ]
+
+        new, mixed, old = await session.allocate(["dev2"], ["dev0", "dev2"], ["dev0"])
+        assert new.cdi_devices == () and has_device_specs(new, "dev2")
+        assert mixed.cdi_devices == (name("dev0"),) and has_device_specs(mixed, "dev0", "dev2")
+        assert old.cdi_devices == (name("dev0"),) and stripped(old)
+
+        await faulty.repair()
+        await eventually(lambda: "dev2" in (daemon.cdi_catalog.get(SERIAL) or NO_SPEC).names)
+        (new,) = await session.allocate(["dev2"])
+        assert new.cdi_devices == (name("dev2"),) and stripped(new)
+
+
+async def test_a_changed_device_is_not_named_while_its_spec_on_disk_is_stale(
+    kubelet: KubeletSimulator, kubelet_dir: Path, faulty_dir: Callable[..., FaultyDir]
+) -> None:
+    faulty = faulty_dir()
+    scanner = StaticScanner({SERIAL: devices(1)})
+    async with running_daemon(settings(kubelet_dir, faulty.path), [scanner]) as daemon:
+        session = await started(kubelet)
+        sync = daemon.cdi_sync
+        assert sync is not None
+        await eventually(lambda: daemon.cdi_catalog.get(SERIAL) is not None)
+        await faulty.make_unwritable()
+        # dev0's node changes (say, a re-bound GPU got another minor): same id, new node.
+        scanner.set({SERIAL: {"dev0": DeviceInfo(nodes=(DeviceNode("/dev/ttyZ0"),))}})
+        await daemon.rescan()
+        await eventually(lambda: sync.failures >= 1)
+        (answer,) = await session.allocate(["dev0"])
+        assert [n.host_path for n in answer.nodes] == ["/dev/ttyZ0"]
+        on_disk = spec_on_disk(faulty.path / SERIAL_SPEC)["devices"][0]["containerEdits"]
+        assert [n["path"] for n in on_disk["deviceNodes"]] == ["/dev/ttyX0"]  # stale
+        # The runtime would add /dev/ttyX0 from the spec on disk: dev0 must not be named.
+        assert answer.cdi_devices == ()
+
+
+# ------------------------------------------------------------------------- no needless writes
+
+
+async def test_nothing_is_rewritten_when_nothing_in_the_spec_changed(
+    kubelet: KubeletSimulator, kubelet_dir: Path, cdi_dir: Path
+) -> None:
+    scanner = StaticScanner({SERIAL: devices(3)})
+    async with running_daemon(settings(kubelet_dir, cdi_dir), [scanner]) as daemon:
+        session = await started(kubelet)
+        sync = daemon.cdi_sync
+        assert sync is not None
+        path = cdi_dir / SERIAL_SPEC
+        await eventually(lambda: daemon.cdi_catalog.get(SERIAL) is not None)
+        content, before, writes = path.read_bytes(), stamp(path), sync.writes
+        assert writes == 1
+
+        # A rescan that finds the same devices (the same tree, then an equal new one).
+        await daemon.rescan()
+        scanner.set({SERIAL: devices(3)})
+        await daemon.rescan()
+        # Only health changes: the spec does not carry health.
+        sick = devices(3)
+        sick["dev1"] = devices(1, start=1, health=Health.UNHEALTHY)["dev1"]
+        scanner.set({SERIAL: sick})
+        await daemon.rescan()
+        await session.wait_for_update(lambda listed: listed["dev1"].health == "Unhealthy")
+        # A change elsewhere, waited for: the CDI task has seen the trees above by then.
+        scanner.set({SERIAL: sick, OTHER: devices(1)})
+        await daemon.rescan()
+        await eventually(lambda: daemon.cdi_catalog.get(OTHER) is not None)
+
+        assert sync.writes == writes + 1  # OTHER's spec only
+        assert stamp(path) == before  # same inode and mtime: not rewritten
+        assert path.read_bytes() == content
+
+
+async def test_a_changed_device_rewrites_the_spec(
+    kubelet: KubeletSimulator, kubelet_dir: Path, cdi_dir: Path
+) -> None:
+    scanner = StaticScanner({SERIAL: devices(2)})
+    async with running_daemon(settings(kubelet_dir, cdi_dir), [scanner]) as daemon:
+        session = await started(kubelet)
+        sync = daemon.cdi_sync
+        assert sync is not None
+        await eventually(lambda: sync.writes == 1)
+        scanner.set({SERIAL: devices(3)})
+        await daemon.rescan()
+        await eventually(lambda: sync.writes == 2)
+        path = cdi_dir / SERIAL_SPEC
+        assert [d["name"] for d in spec_on_disk(path)["devices"]] == ["dev0", "dev1", "dev2"]
+        (answer,) = await session.allocate(["dev2"])
+        assert answer.cdi_devices == (name("dev2"),)
+        assert sorted(os.listdir(cdi_dir)) == [SERIAL_SPEC]  # no temp file left
+
+
+# ------------------------------------------------------------------------- removal
+
+
+async def test_a_resource_that_goes_away_takes_its_spec_with_it(
+    kubelet: KubeletSimulator, kubelet_dir: Path, cdi_dir: Path
+) -> None:
+    scanner = StaticScanner({SERIAL: devices(1), OTHER: devices(1)})
+    async with running_daemon(settings(kubelet_dir, cdi_dir), [scanner]) as daemon:
+        await started(kubelet)
+        await eventually(
+            lambda: (cdi_dir / SERIAL_SPEC).exists() and (cdi_dir / OTHER_SPEC).exists()
+        )
+        kept = stamp(cdi_dir / SERIAL_SPEC)
+        scanner.set({SERIAL: devices(1)})
+        await daemon.rescan()
+        await eventually(lambda: not (cdi_dir / OTHER_SPEC).exists())
+        await eventually(lambda: daemon.cdi_catalog.get(OTHER) is None)
+        assert stamp(cdi_dir / SERIAL_SPEC) == kept
+        assert daemon.cdi_catalog.resources() == [SERIAL]
+
+
+async def test_a_resource_whose_devices_have_nothing_to_inject_has_no_spec(
+    kubelet: KubeletSimulator, kubelet_dir: Path, cdi_dir: Path
+) -> None:
+    scanner = StaticScanner({SERIAL: devices(1)})
+    async with running_daemon(settings(kubelet_dir, cdi_dir), [scanner]) as daemon:
+        session = await started(kubelet)
+        await eventually(lambda: daemon.cdi_catalog.get(SERIAL) is not None)
+        scanner.set({SERIAL: {"dev0": DeviceInfo()}})
+        await daemon.rescan()
+        await eventually(lambda: daemon.cdi_catalog.get(SERIAL) is None)
+        assert not (cdi_dir / SERIAL_SPEC).exists()
+        (answer,) = await session.allocate(["dev0"])
+        assert answer.cdi_devices == ()
+
+
+async def test_an_orderly_shutdown_removes_the_specs(
+    kubelet: KubeletSimulator, kubelet_dir: Path, cdi_dir: Path
+) -> None:
+    foreign = cdi_dir / "vendor-foreign.json"
+    cdi_dir.mkdir()
+    foreign.write_text('{"kind":"vendor.example/x","devices":[]}')
+    scanner = StaticScanner({SERIAL: devices(1), OTHER: devices(1)})
+    async with running_daemon(settings(kubelet_dir, cdi_dir), [scanner]) as daemon:
+        await started(kubelet)
+        await eventually(lambda: daemon.cdi_catalog.resources() == [OTHER, SERIAL])
+    assert os.listdir(cdi_dir) == [foreign.name]
+    assert daemon.cdi_catalog.resources() == []
+
+
+async def test_keep_on_exit_leaves_the_specs(
+    kubelet: KubeletSimulator, kubelet_dir: Path, cdi_dir: Path
+) -> None:
+    scanner = StaticScanner({SERIAL: devices(1)})
+    async with running_daemon(
+        settings(kubelet_dir, cdi_dir, keep_on_exit=True), [scanner]
+    ) as daemon:
+        await started(kubelet)
+        await eventually(lambda: daemon.cdi_catalog.get(SERIAL) is not None)
+        content = (cdi_dir / SERIAL_SPEC).read_bytes()
+    assert (cdi_dir / SERIAL_SPEC).read_bytes() == content
+    assert os.listdir(cdi_dir) == [SERIAL_SPEC]
+
+
+async def test_a_write_in_progress_at_shutdown_leaves_no_spec_behind(
+    kubelet: KubeletSimulator,
+    kubelet_dir: Path,
+    cdi_dir: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    writing = threading.Event()
+
+    def slow_write(directory: Path, file_name: str, data: bytes, **kw: Any) -> Any:
+        writing.set()
+        time.sleep(0.3)  # a big spec on a slow disk
+        return write_spec_file(directory, file_name, data, **kw)
+
+    monkeypatch.setattr("devplug.daemon.cdi_sync.write_spec_file", slow_write)
+    scanner = StaticScanner({SERIAL: devices(1)})
+    async with running_daemon(settings(kubelet_dir, cdi_dir), [scanner]):
+        await started(kubelet)
+        await eventually(writing.is_set)
+    await asyncio.sleep(0.5)  # the worker thread has finished by now
+    assert not (cdi_dir / SERIAL_SPEC).exists()
+
+
+# ------------------------------------------------------------------------- start-up
+
+
+async def test_start_up_removes_stale_specs_and_leaves_other_writers_files(
+    kubelet: KubeletSimulator, kubelet_dir: Path, cdi_dir: Path
+) -> None:
+    cdi_dir.mkdir()
+    stale = cdi_dir / "example.com-gone.json"
+    write_spec_file(
+        cdi_dir,
+        stale.name,
+        json.dumps(
+            {
+                "kind": "example.com/gone",
+                "annotations": {OWNER_ANNOTATION: OWNER_VALUE, RESOURCE_ANNOTATION: "x.io/gone"},
+            }
+        ).encode(),
+    )
+    earlier = cdi_dir / SERIAL_SPEC  # devplug's, from an earlier run, with other devices
+    earlier.write_text(
+        json.dumps(
+            {
+                "kind": SERIAL,
+                "annotations": {OWNER_ANNOTATION: OWNER_VALUE, RESOURCE_ANNOTATION: SERIAL},
+                "devices": [{"name": "old", "containerEdits": {"env": ["A=1"]}}],
+            }
+        )
+    )
+    foreign = {
+        "vendor-foreign.json": b'{"kind":"vendor.example/x","devices":[]}',
+        "vendor-foreign.yaml": b"kind: vendor.example/y\n",
+        # Another writer's file under the name OTHER's spec would have.
+        OTHER_SPEC: b'{"cdiVersion":"0.6.0","kind":"example.com/other","devices":[]}',
+    }
+    for file_name, content in foreign.items():
+        (cdi_dir / file_name).write_bytes(content)
+    (cdi_dir / f"{TEMP_PREFIX}leftover").write_bytes(b"half a spec")
+
+    scanner = StaticScanner({SERIAL: devices(2), OTHER: devices(1)})
+    with structlog.testing.capture_logs() as logs:
+        async with running_daemon(settings(kubelet_dir, cdi_dir), [scanner]) as daemon:
+            other = await started(kubelet, OTHER)
+            sync = daemon.cdi_sync
+            assert sync is not None
+            await eventually(lambda: daemon.cdi_catalog.get(SERIAL) is not None)
+            await eventually(lambda: sync.failures >= 1)
+
+            assert not stale.exists()
+            assert not (cdi_dir / f"{TEMP_PREFIX}leftover").exists()
+            assert [d["name"] for d in spec_on_disk(earlier)["devices"]] == ["dev0", "dev1"]
+            for file_name, content in foreign.items():
+                assert (cdi_dir / file_name).read_bytes() == content
+            assert daemon.cdi_catalog.get(OTHER) is None
+
+            # OTHER is served with device specs, and named nowhere.
+            (answer,) = await other.allocate(["dev0"])
+            assert answer.cdi_devices == () and has_device_specs(answer, "dev0")
+
+    removed = [e for e in logs if e["event"] == "cdi.spec.removed" and e.get("reason") == "stale"]
+    assert [(e["file"], e["resource"]) for e in removed] == [(stale.name, "x.io/gone")]
+    assert [e["count"] for e in logs if e["event"] == "cdi.temp_files.removed"] == [1]
+    refused = [e for e in logs if e["event"] == "cdi.spec.write_failed"]
+    assert [(e["resource"], e["log_level"]) for e in refused] == [(OTHER, "warning")]
+    assert refused[0]["reason"].startswith("EEXIST")
+    assert "not written by devplug" in refused[0]["reason"]
+    # After the shutdown: devplug's spec is gone, everyone else's files are still there.
+    assert sorted(os.listdir(cdi_dir)) == sorted(foreign)
+    for file_name, content in foreign.items():
+        assert (cdi_dir / file_name).read_bytes() == content
+
+
+async def test_another_kind_avoids_a_foreign_file_of_the_same_name(
+    kubelet: KubeletSimulator, kubelet_dir: Path, cdi_dir: Path
+) -> None:
+    cdi_dir.mkdir()
+    (cdi_dir / SERIAL_SPEC).write_text('{"kind":"example.com/serial","devices":[]}')
+    scanner = StaticScanner({SERIAL: devices(1)})
+    cdi = settings(kubelet_dir, cdi_dir, kinds={SERIAL: "vendor.example/tty"})
+    async with running_daemon(cdi, [scanner]) as daemon:
+        session = await started(kubelet)
+        await eventually(lambda: daemon.cdi_catalog.get(SERIAL) is not None)
+        assert spec_on_disk(cdi_dir / "vendor.example-tty.json")["kind"] == "vendor.example/tty"
+        (answer,) = await session.allocate(["dev0"])
+        assert answer.cdi_devices == (name("dev0", "vendor.example/tty"),)
+    assert (cdi_dir / SERIAL_SPEC).read_text() == '{"kind":"example.com/serial","devices":[]}'
+
+
+@pytest.mark.parametrize(
+    ("first", "second", "kinds"),
+    [
+        ("example.com/a-b", "example.com-a/b", {}),
+        ("example.com/serial-usb", SERIAL, {"example.com/serial-usb": SERIAL}),
+    ],
+    ids=["default-kinds", "configured-kind"],
+)
+async def test_two_resources_never_share_a_spec_file(
+    kubelet: KubeletSimulator,
+    kubelet_dir: Path,
+    cdi_dir: Path,
+    first: str,
+    second: str,
+    kinds: dict[str, str],
+) -> None:
+    try:
+        config = settings(kubelet_dir, cdi_dir, kinds=kinds)
+    except pydantic.ValidationError:
+        return  # refused in the config: fixed that way
+    scanner = StaticScanner({first: devices(1), second: devices(1, start=1)})
+    async with running_daemon(config, [scanner]) as daemon:
+        sessions = [await started(kubelet, first), await started(kubelet, second)]
+        sync = daemon.cdi_sync
+        assert sync is not None
+        # One resource keeps the file; the other gets no spec (and an error saying why).
+        await eventually(lambda: sync.writes >= 1)
+        catalog = daemon.cdi_catalog
+        assert [r for r in (first, second) if catalog.get(r) is not None] == [min(first, second)]
+        answers = [
+            (await sessions[0].allocate(["dev0"]))[0],
+            (await sessions[1].allocate(["dev1"]))[0],
+        ]
+        named = {n for answer in answers for n in answer.cdi_devices}
+        # Every name sent must resolve: a runtime fails the container on one that does not.
+        assert named <= defined_names(cdi_dir)
+
+
+# ------------------------------------------------------------------------- faults
+
+
+@pytest.mark.parametrize("fault", ["full", "unwritable"])
+async def test_a_failed_write_is_logged_served_around_and_retried(
+    kubelet: KubeletSimulator,
+    kubelet_dir: Path,
+    faulty_dir: Callable[..., FaultyDir],
+    fault: str,
+) -> None:
+    faulty = faulty_dir(full=fault == "full")
+    if fault == "unwritable":
+        await faulty.make_unwritable()
+        expected = faulty.unwritable_errno
+    else:
+        expected = "ENOSPC"
+    # ~40 KiB of spec: more than the full tmpfs holds.
+    scanner = StaticScanner({SERIAL: devices(100, pad=300)})
+    with structlog.testing.capture_logs() as logs:
+        async with running_daemon(settings(kubelet_dir, faulty.path), [scanner]) as daemon:
+            session = await started(kubelet, count=100)
+            sync = daemon.cdi_sync
+            assert sync is not None
+            await eventually(lambda: sync.failures >= 1)
+            failed = [e for e in logs if e["event"] == "cdi.spec.write_failed"]
+            assert [(e["resource"], e["log_level"]) for e in failed] == [(SERIAL, "warning")]
+            assert failed[0]["reason"].startswith(f"{expected}: ")
+            assert failed[0]["dir"] == str(faulty.path)
+            assert os.listdir(faulty.path) == []  # no part of a spec, no temp file
+
+            # Still serving: device specs, no CDI names.
+            (answer,) = await session.allocate(["dev7"])
+            assert answer.cdi_devices == () and has_device_specs(answer, "dev7")
+
+            # Cleared: the retry (after ~1 s, no rescan needed) writes the spec.
+            await faulty.repair()
+            await eventually(lambda: daemon.cdi_catalog.get(SERIAL) is not None, timeout=6)
+            assert len(spec_on_disk(faulty.path / SERIAL_SPEC)["devices"]) == 100
+            (answer,) = await session.allocate(["dev7"])
+            assert answer.cdi_devices == (name("dev7"),) and has_device_specs(answer, "dev7")
+    events = [e["event"] for e in logs]
+    assert events.count("cdi.spec.write_failed") == 1  # retries with the same reason: quiet
+    assert "cdi.spec.recovered" in events
+
+
+async def test_a_removal_that_fails_is_retried(
+    kubelet: KubeletSimulator, kubelet_dir: Path, faulty_dir: Callable[..., FaultyDir]
+) -> None:
+    faulty = faulty_dir()
+    scanner = StaticScanner({SERIAL: devices(1), OTHER: devices(1)})
+    with structlog.testing.capture_logs() as logs:
+        async with running_daemon(settings(kubelet_dir, faulty.path), [scanner]) as daemon:
+            await started(kubelet)
+            sync = daemon.cdi_sync
+            assert sync is not None
+            await eventually(lambda: daemon.cdi_catalog.resources() == [OTHER, SERIAL])
+            await faulty.make_unwritable()
+            scanner.set({SERIAL: devices(1)})
+            await daemon.rescan()
+            await eventually(lambda: sync.failures >= 1)
+            assert (faulty.path / OTHER_SPEC).exists()  # could not be removed yet
+            failed = [e for e in logs if e["event"] == "cdi.spec.write_failed"]
+            assert [e["resource"] for e in failed] == [OTHER]
+            assert failed[0]["reason"].startswith(f"{faulty.unwritable_errno}: ")
+
+            await faulty.repair()
+            await eventually(lambda: not (faulty.path / OTHER_SPEC).exists(), timeout=6)
+            await eventually(lambda: daemon.cdi_catalog.resources() == [SERIAL])
+            assert os.listdir(faulty.path) == [SERIAL_SPEC]
+
+
+async def test_a_resource_that_goes_before_its_spec_could_be_written_is_forgotten(
+    kubelet: KubeletSimulator, kubelet_dir: Path, faulty_dir: Callable[..., FaultyDir]
+) -> None:
+    faulty = faulty_dir()
+    await faulty.make_unwritable()
+    scanner = StaticScanner({SERIAL: devices(1), OTHER: devices(1)})
+    async with running_daemon(settings(kubelet_dir, faulty.path), [scanner]) as daemon:
+        await started(kubelet, OTHER)
+        sync = daemon.cdi_sync
+        assert sync is not None
+        await eventually(lambda: sync.failures >= 2)  # both resources
+        scanner.set({SERIAL: devices(1)})
+        await daemon.rescan()
+        await faulty.repair()
+        await daemon.rescan()  # a new tree: the CDI task retries at once
+        await eventually(lambda: daemon.cdi_catalog.get(SERIAL) is not None)
+        assert os.listdir(faulty.path) == [SERIAL_SPEC]
+        assert daemon.cdi_catalog.resources() == [SERIAL]
+
+
+async def test_a_cdi_dir_that_is_not_a_directory_is_logged_and_served_around(
+    kubelet: KubeletSimulator, kubelet_dir: Path, cdi_dir: Path
+) -> None:
+    cdi_dir.write_text("a file where the dir should be")
+    scanner = StaticScanner({SERIAL: devices(1)})
+    with structlog.testing.capture_logs() as logs:
+        async with running_daemon(settings(kubelet_dir, cdi_dir), [scanner]) as daemon:
+            session = await started(kubelet)
+            sync = daemon.cdi_sync
+            assert sync is not None
+            await eventually(lambda: sync.failures >= 1)
+            (answer,) = await session.allocate(["dev0"])
+            assert answer.cdi_devices == () and has_device_specs(answer, "dev0")
+    reconcile = [e for e in logs if e["event"] == "cdi.reconcile.failed"]
+    assert [(e["dir"], e["log_level"]) for e in reconcile] == [(str(cdi_dir), "warning")]
+    assert reconcile[0]["reason"].startswith("ENOTDIR: ")
+    assert [e["resource"] for e in logs if e["event"] == "cdi.spec.write_failed"] == [SERIAL]
+    assert cdi_dir.read_text() == "a file where the dir should be"
+
+
+async def test_a_resource_name_that_is_not_a_kind_gets_one(
+    kubelet: KubeletSimulator, kubelet_dir: Path, cdi_dir: Path
+) -> None:
+    resource = "3d.example.com/cam"  # a kind's vendor must start with a letter
+    scanner = StaticScanner({resource: devices(1)})
+    async with running_daemon(settings(kubelet_dir, cdi_dir), [scanner]) as daemon:
+        session = await started(kubelet, resource)
+        await eventually(lambda: daemon.cdi_catalog.get(resource) is not None)
+        document = spec_on_disk(cdi_dir / "x3d.example.com-cam.json")
+        assert document["kind"] == "x3d.example.com/cam"
+        assert document["annotations"][RESOURCE_ANNOTATION] == resource
+        (answer,) = await session.allocate(["dev0"])
+        assert answer.cdi_devices == ("x3d.example.com/cam=dev0",)
+
+
+# ------------------------------------------------------------------------- disabled
+
+
+async def test_with_cdi_disabled_nothing_is_written_or_named(
+    kubelet: KubeletSimulator, kubelet_dir: Path, cdi_dir: Path
+) -> None:
+    scanner = StaticScanner({SERIAL: devices(2)})
+    cdi = settings(kubelet_dir, cdi_dir, enabled=False, annotations=True)
+    async with running_daemon(cdi, [scanner]) as daemon:
+        session = await started(kubelet)
+        assert daemon.cdi_sync is None
+        scanner.set({SERIAL: devices(3)})
+        await daemon.rescan()
+        await session.wait_for_update(lambda listed: "dev2" in listed)
+        (answer,) = await session.allocate(["dev0", "dev2"])
+        assert answer.cdi_devices == () and answer.annotations == {}
+        assert has_device_specs(answer, "dev0", "dev2")
+        assert not cdi_dir.exists()
+    assert not cdi_dir.exists()
