@@ -8,6 +8,7 @@ must-include ids, which Intel's plugin ignores). Hotplug events drive health bot
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
@@ -213,3 +214,36 @@ async def test_a_renumbered_card_keeps_its_id_and_allocates_its_new_nodes(
             await asyncio.sleep(0.01)
     assert answer.nodes == (DeviceNode("/dev/dri/card7"), DeviceNode("/dev/dri/renderD135"))
     assert set(xe.latest) == {DGPU, DGPU2}
+
+
+async def test_gpu_specs_are_written_and_allocate_names_them(
+    host: UmockdevHost, kubelet: KubeletSimulator, daemon_for: Callable[..., Any], short_dir: Path
+) -> None:
+    three_gpus(host)
+    daemon = await daemon_for({"shared_dev_num": 2})
+    xe = await kubelet.wait_for_plugin(XE)
+    await xe.wait_for_update(lambda listed: len(listed) == 4)
+    spec_path = short_dir / "cdi" / "gpu.intel.com-xe.json"
+    async with asyncio.timeout(5):
+        while daemon.cdi_catalog.get(XE) is None:  # noqa: ASYNC110 - no event to await
+            await asyncio.sleep(0.01)
+    spec = json.loads(spec_path.read_text())
+    assert spec["kind"] == XE and spec["cdiVersion"] == "0.6.0"
+    assert [d["name"] for d in spec["devices"]] == [
+        f"{DGPU}-0",
+        f"{DGPU}-1",
+        f"{DGPU2}-0",
+        f"{DGPU2}-1",
+    ]
+    edits = spec["devices"][2]["containerEdits"]
+    assert [n["path"] for n in edits["deviceNodes"]] == ["/dev/dri/card2", "/dev/dri/renderD130"]
+    assert [m["containerPath"] for m in edits["mounts"]] == [
+        f"/dev/dri/by-path/pci-{DGPU2}-card",
+        f"/dev/dri/by-path/pci-{DGPU2}-render",
+    ]
+    assert all("ro" in m["options"] for m in edits["mounts"])
+
+    (answer,) = await xe.allocate([f"{DGPU2}-0", f"{DGPU2}-1"])
+    assert answer.cdi_devices == (f"{XE}={DGPU2}-0", f"{XE}={DGPU2}-1")
+    # Device specs stay by default (runtimes without CDI); shares of one GPU give its nodes once.
+    assert [n.host_path for n in answer.nodes] == ["/dev/dri/card2", "/dev/dri/renderD130"]
