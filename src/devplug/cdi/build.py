@@ -122,6 +122,9 @@ class SpecRenderer:
         self._head_version = head_version(kind, self._annotations, None)
         # name -> (the DeviceInfo it was made from, its fragment or None if empty, version)
         self._made: dict[str, tuple[DeviceInfo, bytes | None, str]] = {}
+        # The ids of the last render in file order: reused while the set of ids is the same
+        # (a natural sort of 10,000 ids costs ~20 ms).
+        self._order: list[str] = []
 
     def render(self, devices: Mapping[str, DeviceInfo]) -> RenderedSpec | None:
         """The spec of ``devices``, or None when no device has anything to give."""
@@ -130,7 +133,9 @@ class SpecRenderer:
         fragments: list[bytes] = []
         names: list[str] = []
         versions = {self._head_version}
-        for device_id in sorted(devices, key=_id_order):
+        if len(self._order) != len(devices) or not all(i in devices for i in self._order):
+            self._order = sorted(devices, key=_id_order)
+        for device_id in self._order:
             info = devices[device_id]
             cached = self._made.get(device_id)
             if cached is None or cached[0] is not info:
