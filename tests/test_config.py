@@ -66,7 +66,7 @@ def test_cdi_dir_from_file_env_and_flag(tmp_path: Path) -> None:
         ),
         ("cdi: {kinds: {serial: example.com/serial}}", "cdi.kinds", "not a resource name"),
         (
-            "cdi: {kinds: {example.com/a: example.com/x, example.com/b: example.com/x}}",
+            "cdi: {kinds: {example.com/a: example.com/xy, example.com/b: example.com/xy}}",
             "cdi.kinds",
             "share the spec file",
         ),

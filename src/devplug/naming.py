@@ -20,7 +20,9 @@ _DNS1123_SUBDOMAIN = re.compile(rf"^{_DNS1123_LABEL}(\.{_DNS1123_LABEL})*\Z")
 _QUALIFIED_NAME = re.compile(r"^([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]\Z")
 _DEVICE_ID = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9_.:-]*[A-Za-z0-9])?\Z")
 
-_CDI_VENDOR_OR_CLASS = re.compile(r"^[A-Za-z]([A-Za-z0-9_.-]*[A-Za-z0-9])?\Z")
+# At least two characters: the CDI library slices name[1:len(name)-1], which panics in Go for
+# a one-character vendor or class.
+_CDI_VENDOR_OR_CLASS = re.compile(r"^[A-Za-z][A-Za-z0-9_.-]*[A-Za-z0-9]\Z")
 
 REQUESTS_PREFIX = "requests."
 NATIVE_NAMESPACE = "kubernetes.io/"
@@ -125,7 +127,8 @@ def natural_key(text: str) -> tuple[tuple[int, int | str], ...]:
 def cdi_kind_problem(kind: str) -> str | None:
     """Why ``kind`` is not a CDI kind (``<vendor>/<class>``, as the CDI library checks it:
     each part starts with a letter, ends with a letter or digit, and holds only letters,
-    digits, "_", "-" and "."), or None."""
+    digits, "_", "-" and "."; and, because the library's check panics on them, is at least two
+    characters long), or None."""
     vendor, sep, cls = kind.partition("/")
     if not sep:
         return "must be '<vendor>/<class>', e.g. example.com/serial"
@@ -134,7 +137,7 @@ def cdi_kind_problem(kind: str) -> str | None:
             return f"the {what} part is empty"
         if not _CDI_VENDOR_OR_CLASS.match(part):
             return (
-                f"the {what} {part!r} must start with a letter, end with a letter or digit, "
-                "and hold only letters, digits, '_', '-' and '.'"
+                f"the {what} {part!r} must be at least two characters, start with a letter, "
+                "end with a letter or digit, and hold only letters, digits, '_', '-' and '.'"
             )
     return None

@@ -35,8 +35,8 @@ ANNOTATION_KEY_RULE = re.compile(r"cdi\.k8s\.io/[A-Za-z0-9]([A-Za-z0-9_.-]{0,61}
     [
         ("example.com/serial", "example.com", "serial"),
         ("gpu.intel.com/i915", "gpu.intel.com", "i915"),
-        ("a/b", "a", "b"),
-        ("A/Z", "A", "Z"),
+        ("ab/cd", "ab", "cd"),
+        ("AB/Z9", "AB", "Z9"),
         ("v1/c2", "v1", "c2"),
         ("my_vendor-x.io/my_class-y.z", "my_vendor-x.io", "my_class-y.z"),
         ("vendor.example/class.with.dots", "vendor.example", "class.with.dots"),
@@ -65,7 +65,9 @@ def test_parse_kind_accepts_valid_kinds(kind: str, vendor: str, cls: str) -> Non
         ("example.com/serial_", "class 'serial_'"),
         ("example.com/seri:al", "class 'seri:al'"),
         ("exa:mple.com/serial", "vendor 'exa:mple.com'"),
-        ("a/b/c", "class 'b/c'"),
+        ("ab/cd/ef", "class 'cd/ef'"),
+        ("a/cd", "vendor 'a'"),  # one character: the library's check panics on it
+        ("ab/c", "class 'c'"),
         ("example.com/se rial", "class 'se rial'"),
         ("example.com/sérial", "class 'sérial'"),
         ("example.com=x/serial", "vendor 'example.com=x'"),
@@ -138,7 +140,7 @@ def test_device_name_with_a_trailing_newline_is_refused() -> None:
     [
         ("gpu.intel.com/i915", "0000:03:00.0", "gpu.intel.com/i915=0000:03:00.0"),
         ("example.com/serial", "ttyUSB0", "example.com/serial=ttyUSB0"),
-        ("a/b", "0", "a/b=0"),
+        ("ab/cd", "0", "ab/cd=0"),
     ],
 )
 def test_qualified_name_round_trip(kind: str, name: str, text: str) -> None:
@@ -181,7 +183,9 @@ def test_parse_qualified_name_refuses_malformed_text(text: str, words: str) -> N
         ("example.com/3d", "example.com/x3d"),
         ("1.io/2", "x1.io/x2"),
         ("vfio.devplug.io/8086_1572", "vfio.devplug.io/x8086_1572"),
-        ("a/b", "a/b"),
+        ("ab/cd", "ab/cd"),
+        ("example.com/a", "example.com/xa"),  # one character: "x" in front
+        ("a/serial", "xa/serial"),
     ],
 )
 def test_default_kind(resource: str, kind: str) -> None:
@@ -220,9 +224,9 @@ def test_default_kind_is_a_valid_kind_for_every_valid_resource_name() -> None:
         kind = default_kind(resource)
         vendor, cls = parse_kind(kind)  # raises if the property breaks
         domain, short = resource.split("/")
-        # Only a leading "x" is ever added, and only in front of a digit.
+        # Only a leading "x" is ever added, and only in front of a digit or a single character.
         for part, fixed in ((domain, vendor), (short, cls)):
-            if part[0].isdigit():
+            if part[0].isdigit() or len(part) == 1:
                 assert fixed == "x" + part
                 digit_led += 1
             else:
@@ -245,7 +249,7 @@ def test_default_kind_of_longest_resource_names() -> None:
     [
         ("gpu.intel.com/i915", "gpu.intel.com-i915.json"),
         ("example.com/serial", "example.com-serial.json"),
-        ("a/b", "a-b.json"),
+        ("ab/cd", "ab-cd.json"),
         ("x3d.example.com/cam", "x3d.example.com-cam.json"),
     ],
 )

@@ -559,7 +559,7 @@ async def test_another_kind_avoids_a_foreign_file_of_the_same_name(
 @pytest.mark.parametrize(
     ("first", "second", "kinds"),
     [
-        ("example.com/a-b", "example.com-a/b", {}),
+        ("example.com/ab-cd", "example.com-ab/cd", {}),
         ("example.com/serial-usb", SERIAL, {"example.com/serial-usb": SERIAL}),
     ],
     ids=["default-kinds", "configured-kind"],

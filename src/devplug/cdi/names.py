@@ -77,11 +77,14 @@ def parse_qualified_name(text: str) -> tuple[str, str, str]:
 
 def default_kind(resource: str) -> str:
     """The kind for a resource: the resource name itself when it is a valid kind (as
-    ``gpu.intel.com/i915`` is). A vendor or class starting with a digit (which resource names
-    allow and kinds do not) gets an ``x`` in front: ``3d.example.com/cam`` ->
-    ``x3d.example.com/cam``. Resource names hold no other character a kind refuses."""
+    ``gpu.intel.com/i915`` is). A vendor or class that starts with a digit, or is a single
+    character (both allowed in resource names, not in kinds), gets an ``x`` in front:
+    ``3d.example.com/cam`` -> ``x3d.example.com/cam``, ``example.com/a`` -> ``example.com/xa``.
+    Resource names hold no other character a kind refuses."""
     vendor, _, cls = resource.partition("/")
-    fixed = "/".join(part if part[:1].isalpha() else "x" + part for part in (vendor, cls))
+    fixed = "/".join(
+        part if part[:1].isalpha() and len(part) > 1 else "x" + part for part in (vendor, cls)
+    )
     parse_kind(fixed)
     return fixed
 
