@@ -74,13 +74,16 @@ def build_parser() -> argparse.ArgumentParser:
     )
     where = generate.add_mutually_exclusive_group()
     where.add_argument(
-        "--output-dir",
-        type=Path,
-        default=None,
-        help="write the specs here (default /etc/cdi); devplug's other specs there are removed",
+        "--output-dir", type=Path, default=None, help="write the specs here (default /etc/cdi)"
     )
     where.add_argument(
         "--stdout", action="store_true", help="print the specs as one JSON object instead"
+    )
+    generate.add_argument(
+        "--prune",
+        action="store_true",
+        help="also delete specs this config's devplug wrote there before for resources the "
+        "host no longer has",
     )
     sub.add_parser("version", help="print the version")
     return parser
@@ -139,23 +142,28 @@ def _scan(scanners: Sequence[Scanner], output: str) -> int:
 
 
 def _cdi_generate(
-    settings: Settings, scanners: Sequence[Scanner], output_dir: Path | None, stdout: bool
+    settings: Settings,
+    scanners: Sequence[Scanner],
+    output_dir: Path | None,
+    stdout: bool,
+    prune: bool,
 ) -> int:
     from devplug.cdi.generate import STATIC_CDI_DIR, specs_text, tree_specs, write_tree_specs
+    from devplug.daemon.cdi_sync import default_instance
     from devplug.daemon.scanning import ScanRunner
 
+    instance = settings.cdi.instance or default_instance(scanners)
+    directory = output_dir or STATIC_CDI_DIR
     try:
         tree = ScanRunner(scanners).scan_blocking().tree
-        specs = tree_specs(tree, settings.cdi.kinds)
+        specs = tree_specs(tree, settings.cdi.kinds, instance)
         if stdout:
             sys.stdout.write(specs_text(specs))
             return 0
+        written, removed = write_tree_specs(directory, specs, instance if prune else None)
     except (ConfigError, CdiSpecError) as exc:
         print(f"devplug: configuration error: {exc}", file=sys.stderr)
         return EXIT_CONFIG
-    directory = output_dir or STATIC_CDI_DIR
-    try:
-        written, removed = write_tree_specs(directory, specs)
     except OSError as exc:
         print(f"devplug: cannot write specs to {directory}: {exc.strerror or exc}", file=sys.stderr)
         return 1
@@ -225,7 +233,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"devplug: configuration error: {exc}", file=sys.stderr)
         return EXIT_CONFIG
     if args.command == "cdi":
-        return _cdi_generate(settings, scanners, args.output_dir, args.stdout)
+        if args.cdi_dir is not None or os.environ.get("DEVPLUG_CDI_DIR"):
+            print(
+                "devplug: configuration error: cdi generate writes to --output-dir (default "
+                "/etc/cdi), not to --cdi-dir / DEVPLUG_CDI_DIR, which the daemon manages",
+                file=sys.stderr,
+            )
+            return EXIT_CONFIG
+        return _cdi_generate(settings, scanners, args.output_dir, args.stdout, args.prune)
     if args.command == "scan" or args.dry_run:
         return _scan(scanners, args.output)
     return _run(settings, scanners)

@@ -65,6 +65,10 @@ class CdiSettings(StrictModel):
     the devices, and CDI injection replaces a node of the same path rather than adding it
     twice). ``keep_on_exit``: leave the specs in place when devplug stops. ``kinds``:
     resource -> CDI kind, where the resource name itself is not the kind wanted.
+    ``instance``: written into each spec; start-up clean-up removes only this instance's old
+    specs. Defaults to the configured scanners' names, so two devplug DaemonSets with
+    different scanners sharing a CDI dir leave each other's specs alone; set it when two
+    instances run the same scanners.
     """
 
     enabled: bool = True
@@ -73,6 +77,7 @@ class CdiSettings(StrictModel):
     device_specs: bool = True
     keep_on_exit: bool = False
     kinds: dict[str, str] = Field(default_factory=dict)
+    instance: str | None = Field(default=None, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.,-]{0,62}$")
 
     @field_validator("dir")
     @classmethod

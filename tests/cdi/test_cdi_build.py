@@ -197,6 +197,7 @@ def test_resource_spec_shape_and_owner_annotations() -> None:
         annotations={
             "devplug.io/managed-by": "devplug",
             "devplug.io/resource": "example.com/serial",
+            "devplug.io/instance": "default",
         },
     )
     assert spec_problems(s) == []
@@ -276,6 +277,7 @@ def test_intel_gpu_like_spec() -> None:
         "annotations": {
             "devplug.io/managed-by": "devplug",
             "devplug.io/resource": "gpu.intel.com/i915",
+            "devplug.io/instance": "default",
         },
         "devices": [
             {
@@ -447,6 +449,7 @@ def test_specs_text_maps_file_names_to_spec_documents() -> None:
         "annotations": {
             "devplug.io/managed-by": "devplug",
             "devplug.io/resource": "example.com/serial",
+            "devplug.io/instance": "default",
         },
         "devices": [
             {

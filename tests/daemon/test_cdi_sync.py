@@ -22,7 +22,12 @@ import pydantic
 import pytest
 import structlog
 
-from devplug.cdi.build import OWNER_ANNOTATION, OWNER_VALUE, RESOURCE_ANNOTATION
+from devplug.cdi.build import (
+    INSTANCE_ANNOTATION,
+    OWNER_ANNOTATION,
+    OWNER_VALUE,
+    RESOURCE_ANNOTATION,
+)
 from devplug.cdi.files import TEMP_PREFIX, FileStamp, write_spec_file
 from devplug.config import CdiSettings, Settings
 from devplug.daemon.cdi_sync import CdiResource
@@ -207,6 +212,7 @@ async def test_a_spec_is_written_when_a_resource_appears(
         assert document["annotations"] == {
             OWNER_ANNOTATION: OWNER_VALUE,
             RESOURCE_ANNOTATION: SERIAL,
+            INSTANCE_ANNOTATION: "static",  # the daemon's instance: its scanners' names
         }
         assert [d["name"] for d in document["devices"]] == ["dev0", "dev1"]
         edits = document["devices"][1]["containerEdits"]
@@ -483,7 +489,11 @@ async def test_start_up_removes_stale_specs_and_leaves_other_writers_files(
         json.dumps(
             {
                 "kind": "example.com/gone",
-                "annotations": {OWNER_ANNOTATION: OWNER_VALUE, RESOURCE_ANNOTATION: "x.io/gone"},
+                "annotations": {
+                    OWNER_ANNOTATION: OWNER_VALUE,
+                    RESOURCE_ANNOTATION: "x.io/gone",
+                    INSTANCE_ANNOTATION: "static",
+                },
             }
         ).encode(),
     )
@@ -497,7 +507,19 @@ async def test_start_up_removes_stale_specs_and_leaves_other_writers_files(
             }
         )
     )
+    # Another devplug instance's spec (other scanners, same dir): not this one's to clean up.
+    other_instance = json.dumps(
+        {
+            "kind": "example.com/theirs",
+            "annotations": {
+                OWNER_ANNOTATION: OWNER_VALUE,
+                RESOURCE_ANNOTATION: "example.com/theirs",
+                INSTANCE_ANNOTATION: "generic",
+            },
+        }
+    ).encode()
     foreign = {
+        "example.com-theirs.json": other_instance,
         "vendor-foreign.json": b'{"kind":"vendor.example/x","devices":[]}',
         "vendor-foreign.yaml": b"kind: vendor.example/y\n",
         # Another writer's file under the name OTHER's spec would have.
@@ -506,6 +528,9 @@ async def test_start_up_removes_stale_specs_and_leaves_other_writers_files(
     for file_name, content in foreign.items():
         (cdi_dir / file_name).write_bytes(content)
     (cdi_dir / f"{TEMP_PREFIX}leftover").write_bytes(b"half a spec")
+    hour_ago = time.time() - 3600  # a crash's leftover, not a write in progress
+    os.utime(cdi_dir / f"{TEMP_PREFIX}leftover", (hour_ago, hour_ago))
+    (cdi_dir / f"{TEMP_PREFIX}in-progress").write_bytes(b"another instance writing")
 
     scanner = StaticScanner({SERIAL: devices(2), OTHER: devices(1)})
     with structlog.testing.capture_logs() as logs:
@@ -518,6 +543,7 @@ async def test_start_up_removes_stale_specs_and_leaves_other_writers_files(
 
             assert not stale.exists()
             assert not (cdi_dir / f"{TEMP_PREFIX}leftover").exists()
+            assert (cdi_dir / f"{TEMP_PREFIX}in-progress").exists()  # too young to be stale
             assert [d["name"] for d in spec_on_disk(earlier)["devices"]] == ["dev0", "dev1"]
             for file_name, content in foreign.items():
                 assert (cdi_dir / file_name).read_bytes() == content
@@ -535,7 +561,7 @@ async def test_start_up_removes_stale_specs_and_leaves_other_writers_files(
     assert refused[0]["reason"].startswith("EEXIST")
     assert "not written by devplug" in refused[0]["reason"]
     # After the shutdown: devplug's spec is gone, everyone else's files are still there.
-    assert sorted(os.listdir(cdi_dir)) == sorted(foreign)
+    assert sorted(os.listdir(cdi_dir)) == sorted([*foreign, f"{TEMP_PREFIX}in-progress"])
     for file_name, content in foreign.items():
         assert (cdi_dir / file_name).read_bytes() == content
 
@@ -739,3 +765,108 @@ async def test_with_cdi_disabled_nothing_is_written_or_named(
         assert has_device_specs(answer, "dev0", "dev2")
         assert not cdi_dir.exists()
     assert not cdi_dir.exists()
+
+
+# ------------------------------------------------------------------------- review cases
+
+
+async def test_while_a_spec_is_replaced_only_unchanged_devices_are_named(
+    kubelet: KubeletSimulator,
+    kubelet_dir: Path,
+    cdi_dir: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Between the rename in the worker thread and the catalog update on the loop, the file
+    on disk may be the old one or the new one: only devices both define alike are named."""
+    import devplug.daemon.cdi_sync as cdi_sync
+
+    seen: list[frozenset[str] | None] = []
+    real = cdi_sync._carry_out
+    scanner = StaticScanner({SERIAL: devices(3)})
+    async with running_daemon(settings(kubelet_dir, cdi_dir), [scanner]) as daemon:
+        await started(kubelet)
+        await eventually(lambda: daemon.cdi_catalog.get(SERIAL) is not None)
+
+        def observing(*args: Any) -> Any:
+            entry = daemon.cdi_catalog.get(SERIAL)  # what Allocate sees during the write
+            seen.append(None if entry is None else entry.names)
+            return real(*args)
+
+        monkeypatch.setattr(cdi_sync, "_carry_out", observing)
+        assert daemon.manager is not None
+        current = daemon.manager.servers[SERIAL].devices.value
+        # dev0 keeps its very DeviceInfo, dev1 changes, dev2 goes.
+        changed = {"dev0": current["dev0"], "dev1": DeviceInfo(nodes=(DeviceNode("/dev/ttyY1"),))}
+        scanner.set({SERIAL: changed})
+        await daemon.rescan()
+        await eventually(lambda: bool(seen))
+        await eventually(
+            lambda: (
+                (entry := daemon.cdi_catalog.get(SERIAL)) is not None
+                and entry.names == {"dev0", "dev1"}
+            )
+        )
+    assert seen[0] == frozenset({"dev0"})
+
+
+async def test_shutdown_leaves_a_spec_another_instance_rewrote(
+    kubelet: KubeletSimulator, kubelet_dir: Path, cdi_dir: Path
+) -> None:
+    async with running_daemon(
+        settings(kubelet_dir, cdi_dir), [StaticScanner({SERIAL: devices(1)})]
+    ) as daemon:
+        await started(kubelet)
+        await eventually(lambda: daemon.cdi_catalog.get(SERIAL) is not None)
+        # A newer pod of the same DaemonSet (surge) rewrites the spec while this one stops.
+        theirs = (cdi_dir / SERIAL_SPEC).read_bytes().replace(b'"dev0"', b'"dev9"')
+        write_spec_file(cdi_dir, SERIAL_SPEC, theirs)
+    assert (cdi_dir / SERIAL_SPEC).read_bytes() == theirs
+
+
+async def test_a_spec_deleted_behind_the_daemons_back_is_written_again(
+    kubelet: KubeletSimulator, kubelet_dir: Path, cdi_dir: Path
+) -> None:
+    async with running_daemon(
+        settings(kubelet_dir, cdi_dir), [StaticScanner({SERIAL: devices(2)})]
+    ) as daemon:
+        await started(kubelet)
+        await eventually(lambda: daemon.cdi_catalog.get(SERIAL) is not None)
+        first = (cdi_dir / SERIAL_SPEC).read_bytes()
+        (cdi_dir / SERIAL_SPEC).unlink()
+        with structlog.testing.capture_logs() as logs:
+            await daemon.rescan()  # the periodic resync; nothing changed in the devices
+            await eventually(lambda: (cdi_dir / SERIAL_SPEC).exists())
+        assert (cdi_dir / SERIAL_SPEC).read_bytes() == first
+        # Rewritten by the verify of an unchanged map or by a rebuild (a resync makes new maps).
+        assert any(e["event"] in ("cdi.spec.rewritten", "cdi.spec.written") for e in logs)
+
+
+async def test_odd_files_in_the_cdi_dir_do_not_stop_the_daemon(
+    kubelet: KubeletSimulator, kubelet_dir: Path, cdi_dir: Path
+) -> None:
+    cdi_dir.mkdir()
+    marked = {"annotations": {OWNER_ANNOTATION: OWNER_VALUE, INSTANCE_ANNOTATION: "static"}}
+    (cdi_dir / "copy.yaml").write_text(json.dumps(marked))  # JSON under a .yaml name
+    (cdi_dir / "deep.json").write_text("[" * 200_000)  # the JSON parser's recursion limit
+    async with running_daemon(
+        settings(kubelet_dir, cdi_dir), [StaticScanner({SERIAL: devices(1)})]
+    ) as daemon:
+        session = await started(kubelet)
+        await eventually(lambda: daemon.cdi_catalog.get(SERIAL) is not None)
+        (answer,) = await session.allocate(["dev0"])
+        assert answer.cdi_devices == (name("dev0"),)
+    assert (cdi_dir / "copy.yaml").exists() and (cdi_dir / "deep.json").exists()
+
+
+async def test_a_restart_with_the_same_devices_does_not_rewrite_the_spec(
+    kubelet: KubeletSimulator, kubelet_dir: Path, cdi_dir: Path
+) -> None:
+    config = settings(kubelet_dir, cdi_dir, keep_on_exit=True)
+    async with running_daemon(config, [StaticScanner({SERIAL: devices(2)})]) as daemon:
+        await started(kubelet)
+        await eventually(lambda: daemon.cdi_catalog.get(SERIAL) is not None)
+    before = stamp(cdi_dir / SERIAL_SPEC)
+    async with running_daemon(config, [StaticScanner({SERIAL: devices(2)})]) as daemon:
+        await eventually(lambda: daemon.cdi_catalog.get(SERIAL) is not None)
+        assert daemon.cdi_sync is not None and daemon.cdi_sync.writes == 0
+    assert stamp(cdi_dir / SERIAL_SPEC) == before

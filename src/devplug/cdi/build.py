@@ -37,6 +37,18 @@ def _id_order(device_id: str) -> tuple[tuple[tuple[int, int | str], ...], str]:
 OWNER_ANNOTATION = "devplug.io/managed-by"
 OWNER_VALUE = "devplug"
 RESOURCE_ANNOTATION = "devplug.io/resource"
+# Which devplug wrote it: instances sharing a CDI dir (two DaemonSets) leave each other's
+# specs alone when they clean up.
+INSTANCE_ANNOTATION = "devplug.io/instance"
+DEFAULT_INSTANCE = "default"
+
+
+def spec_annotations(resource: str, instance: str) -> dict[str, str]:
+    return {
+        OWNER_ANNOTATION: OWNER_VALUE,
+        RESOURCE_ANNOTATION: resource,
+        INSTANCE_ANNOTATION: instance,
+    }
 
 
 def device_edits(info: DeviceInfo) -> ContainerEdits:
@@ -74,7 +86,12 @@ def device_edits(info: DeviceInfo) -> ContainerEdits:
     )
 
 
-def resource_spec(resource: str, kind: str, devices: Mapping[str, DeviceInfo]) -> Spec | None:
+def resource_spec(
+    resource: str,
+    kind: str,
+    devices: Mapping[str, DeviceInfo],
+    instance: str = DEFAULT_INSTANCE,
+) -> Spec | None:
     """The spec of ``resource``'s devices under ``kind``, or None when no device has anything
     to put in a container (the CDI library refuses devices with empty edits and specs
     without devices). Devices are listed in natural id order, so the file is stable."""
@@ -92,7 +109,7 @@ def resource_spec(resource: str, kind: str, devices: Mapping[str, DeviceInfo]) -
     return Spec(
         kind=kind,
         devices=tuple(entries),
-        annotations={OWNER_ANNOTATION: OWNER_VALUE, RESOURCE_ANNOTATION: resource},
+        annotations=spec_annotations(resource, instance),
     )
 
 
@@ -112,10 +129,10 @@ class SpecRenderer:
     thread at a time.
     """
 
-    def __init__(self, resource: str, kind: str) -> None:
+    def __init__(self, resource: str, kind: str, instance: str = DEFAULT_INSTANCE) -> None:
         self.resource = resource
         self.kind = kind
-        self._annotations = {OWNER_ANNOTATION: OWNER_VALUE, RESOURCE_ANNOTATION: resource}
+        self._annotations = spec_annotations(resource, instance)
         problems = head_problems(kind, self._annotations, None)
         if problems:
             raise CdiSpecError(f"invalid CDI spec for kind {kind!r}: {'; '.join(problems)}")

@@ -15,9 +15,17 @@ import json
 import os
 import stat
 import tempfile
+import time
 from pathlib import Path
+from typing import NamedTuple
 
-from devplug.cdi.build import OWNER_ANNOTATION, OWNER_VALUE, RESOURCE_ANNOTATION
+from devplug.cdi.build import (
+    DEFAULT_INSTANCE,
+    INSTANCE_ANNOTATION,
+    OWNER_ANNOTATION,
+    OWNER_VALUE,
+    RESOURCE_ANNOTATION,
+)
 
 TEMP_PREFIX = ".devplug-tmp-"
 SPEC_MODE = 0o644
@@ -57,23 +65,28 @@ def write_spec_file(
     directory: Path, file_name: str, data: bytes, *, ours: FileStamp | None = None
 ) -> FileStamp | None:
     """Replace ``directory/file_name`` with ``data`` atomically (creating the directory);
-    return the new file's stamp.
+    return the file's stamp.
 
     Raises OSError (ENOSPC, EACCES, EROFS, ...) with nothing left behind but the old file, and
     ForeignSpecError when the name belongs to a file devplug did not write. ``ours`` is the
     stamp of the file this process wrote last: when it still matches, the file is not read
-    again to check its owner (a spec of 10,000 devices takes ~30 ms to parse).
+    again to check its owner (a spec of 10,000 devices takes ~30 ms to parse). A devplug file
+    that already holds ``data`` (after a restart, say) is left as it is.
     """
     _check_file_name(file_name)
     target = directory / file_name
     current = file_stamp(target)
-    if current is not None and current != ours and owned_resource(target) is None:
-        raise ForeignSpecError(
-            errno.EEXIST,
-            f"{target} exists and was not written by devplug (no {OWNER_ANNOTATION} "
-            "annotation); it is left alone: remove it, or give the resource another kind "
-            "in cdi.kinds",
-        )
+    if current is not None and current != ours:
+        existing = _read_small_regular(target)
+        if existing is None or spec_owner(existing) is None:
+            raise ForeignSpecError(
+                errno.EEXIST,
+                f"{target} exists and was not written by devplug (no {OWNER_ANNOTATION} "
+                "annotation); it is left alone: remove it, or give the resource another kind "
+                "in cdi.kinds",
+            )
+        if existing == data:
+            return current
     directory.mkdir(mode=DIR_MODE, parents=True, exist_ok=True)
     handle, temp = tempfile.mkstemp(prefix=TEMP_PREFIX, dir=directory)
     try:
@@ -129,15 +142,16 @@ def _read_small_regular(path: Path) -> bytes | None:
         os.close(handle)
 
 
-def owned_resource(path: Path) -> str | None:
-    """The resource a spec file of devplug's is for ("" if unnamed), or None if the file is
-    not devplug's (another writer's, not JSON, unreadable)."""
-    data = _read_small_regular(path)
-    if data is None:
-        return None
+class SpecOwner(NamedTuple):
+    resource: str  # "" if the spec does not say
+    instance: str  # the devplug instance that wrote it
+
+
+def spec_owner(data: bytes) -> SpecOwner | None:
+    """Who wrote a spec, if devplug did; None for anyone else's (or anything unparsable)."""
     try:
         document = json.loads(data)
-    except (ValueError, UnicodeDecodeError):
+    except (ValueError, UnicodeDecodeError, RecursionError):
         return None  # YAML specs are never ours: devplug writes JSON
     if not isinstance(document, dict):
         return None
@@ -145,49 +159,87 @@ def owned_resource(path: Path) -> str | None:
     if not isinstance(annotations, dict) or annotations.get(OWNER_ANNOTATION) != OWNER_VALUE:
         return None
     resource = annotations.get(RESOURCE_ANNOTATION, "")
-    return resource if isinstance(resource, str) else ""
+    instance = annotations.get(INSTANCE_ANNOTATION, DEFAULT_INSTANCE)
+    return SpecOwner(
+        resource if isinstance(resource, str) else "",
+        instance if isinstance(instance, str) else "",
+    )
 
 
-def owned_specs(directory: Path) -> dict[str, str]:
-    """file name -> resource of devplug's spec files in ``directory`` (empty if it is absent)."""
+def owner_of(path: Path) -> SpecOwner | None:
+    data = _read_small_regular(path)
+    return None if data is None else spec_owner(data)
+
+
+def owned_resource(path: Path) -> str | None:
+    """The resource a spec file of devplug's is for ("" if unnamed), or None if the file is
+    not devplug's (another writer's, not JSON, unreadable)."""
+    owner = owner_of(path)
+    return None if owner is None else owner.resource
+
+
+def owned_specs(directory: Path, instance: str | None = None) -> dict[str, str]:
+    """file name -> resource of devplug's spec files in ``directory`` (of ``instance`` only,
+    when given); empty if the directory is absent. Only ``.json`` files: devplug writes no
+    other kind."""
     try:
         names = sorted(entry.name for entry in os.scandir(directory))
     except FileNotFoundError:
         return {}
     found = {}
     for name in names:
-        if name.endswith(SPEC_SUFFIXES) and not name.startswith("."):
-            resource = owned_resource(directory / name)
-            if resource is not None:
-                found[name] = resource
+        if name.endswith(".json") and not name.startswith("."):
+            owner = owner_of(directory / name)
+            if owner is not None and instance in (None, owner.instance):
+                found[name] = owner.resource
     return found
 
 
-def remove_owned_spec(directory: Path, file_name: str) -> bool:
-    """Delete ``file_name`` if it is (still) devplug's; True if it is gone afterwards."""
+def remove_owned_spec(
+    directory: Path,
+    file_name: str,
+    *,
+    instance: str | None = None,
+    stamp: FileStamp | None = None,
+) -> bool:
+    """Delete ``file_name`` if it is (still) devplug's, of ``instance`` when given, and still
+    the very file of ``stamp`` when given (not one another instance wrote since); True if the
+    name is free afterwards."""
     _check_file_name(file_name)
     path = directory / file_name
-    if owned_resource(path) is None:
-        return not os.path.lexists(path)
+    current = file_stamp(path)
+    if current is None:
+        return True
+    if stamp is not None and current != stamp:
+        return False  # rewritten by someone else since: theirs now
+    owner = owner_of(path)
+    if owner is None or instance not in (None, owner.instance):
+        return False
     with contextlib.suppress(FileNotFoundError):
         os.unlink(path)
     _fsync_dir(directory)
     return True
 
 
-def remove_temp_files(directory: Path) -> int:
-    """Delete temp files an interrupted devplug left behind; return how many."""
+def remove_temp_files(directory: Path, min_age_s: float = 0.0) -> int:
+    """Delete temp files an interrupted devplug left behind, older than ``min_age_s`` (a
+    younger one may be another instance's write in progress); return how many."""
     removed = 0
     try:
         entries = list(os.scandir(directory))
     except OSError:
         return 0
+    now = time.time()
     for entry in entries:
-        if entry.name.startswith(TEMP_PREFIX) and entry.is_file(follow_symlinks=False):
-            try:
-                os.unlink(entry.path)
-                removed += 1
-            except OSError as exc:
-                if exc.errno != errno.ENOENT:
-                    raise
+        if not entry.name.startswith(TEMP_PREFIX):
+            continue
+        try:
+            info = entry.stat(follow_symlinks=False)
+            if not stat.S_ISREG(info.st_mode) or now - info.st_mtime < min_age_s:
+                continue
+            os.unlink(entry.path)
+            removed += 1
+        except OSError as exc:
+            if exc.errno != errno.ENOENT:
+                raise
     return removed

@@ -17,13 +17,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import structlog
 
-from devplug.cdi.build import SpecRenderer
+from devplug.cdi.build import DEFAULT_INSTANCE, SpecRenderer
 from devplug.cdi.files import (
     FileStamp,
     file_stamp,
@@ -37,10 +37,13 @@ from devplug.config import CdiSettings
 from devplug.daemon.values import LatestValue
 from devplug.errors import CdiSpecError
 from devplug.model import DeviceInfo, DeviceTree
+from devplug.scanners.base import Scanner
 
 log = structlog.get_logger("devplug.cdi")
 
 RETRY_INITIAL_S = 1.0
+# Temp files younger than this may be another instance's write in progress.
+TEMP_FILE_MIN_AGE_S = 60.0
 # How long after a change the specs are rebuilt (changes within it are written once).
 SETTLE_S = 0.02
 RETRY_MAX_S = 60.0
@@ -56,6 +59,12 @@ class CdiResource:
     # The devices the file was made from: a device whose nodes, mounts or env changed since
     # is not named in Allocate until its spec is rewritten (the runtime would inject the old).
     devices: Mapping[str, DeviceInfo]
+
+    def narrowed_to(self, devices: Mapping[str, DeviceInfo]) -> CdiResource:
+        """This entry, naming only the devices whose DeviceInfo is the very one in
+        ``devices`` too: what a file being replaced defines before and after alike."""
+        same = frozenset(name for name in self.names if devices.get(name) is self.devices.get(name))
+        return CdiResource(self.kind, self.file_name, same, self.devices)
 
     def defines(self, device_id: str, now: DeviceInfo) -> bool:
         """Whether the spec on disk gives ``device_id`` what ``now`` says it should get."""
@@ -111,15 +120,23 @@ class _Plan:
     write: dict[str, tuple[SpecRenderer, str, Mapping[str, DeviceInfo]]] = field(
         default_factory=dict
     )
-    remove: dict[str, str] = field(default_factory=dict)  # resource -> file name
+    # resource -> (file name, the stamp of this process's write)
+    remove: dict[str, tuple[str, FileStamp | None]] = field(default_factory=dict)
     forget: set[str] = field(default_factory=set)  # resources whose file another one took
+    # Specs written before and unchanged: checked to be still there as written (someone may
+    # have deleted or replaced them), rewritten if not. resource -> (file name, stamp, bytes)
+    verify: dict[str, tuple[str, FileStamp | None, bytes]] = field(default_factory=dict)
 
 
 class CdiSync:
-    def __init__(self, settings: CdiSettings, catalog: CdiCatalog) -> None:
+    def __init__(
+        self, settings: CdiSettings, catalog: CdiCatalog, instance: str = DEFAULT_INSTANCE
+    ) -> None:
         self.settings = settings
         self.catalog = catalog
         self.directory = settings.dir
+        # Written into each spec; clean-ups touch only this instance's specs.
+        self.instance = instance
         self._tree: LatestValue[DeviceTree | None] = LatestValue(None)
         self._written: dict[str, _Written] = {}
         self._failing: dict[str, str] = {}  # resource -> the reason of its last failure
@@ -156,17 +173,27 @@ class CdiSync:
         async for tree in self._tree.as_changed():
             if tree is not None:
                 break
-        await self._reconcile_start()
+        reconciled = False
         while True:
             # Let the scan that submitted this tree finish reaching the kubelet first: the
             # spec is built in a thread that would compete with it for the interpreter.
             await asyncio.sleep(SETTLE_S)
             version = self._tree.version
             tree = self._tree.value
-            if tree is not None:
-                await self._sync(tree)
+            trouble = False
+            try:
+                if not reconciled:
+                    reconciled = await self._reconcile_start()
+                if tree is not None:
+                    await self._sync(tree)
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                # Whatever the CDI dir holds must not stop the daemon: log, retry later.
+                log.exception("cdi.sync.failed", dir=str(self.directory), retry="with back-off")
+                trouble = True
             timeout: float | None = None
-            if self._failing:
+            if self._failing or trouble or not reconciled:
                 timeout, delay = delay, min(delay * 2, RETRY_MAX_S)
             else:
                 delay = RETRY_INITIAL_S
@@ -174,26 +201,34 @@ class CdiSync:
                 async with asyncio.timeout(timeout):
                     await self._tree.wait_changed(version)
 
-    async def _reconcile_start(self) -> None:
-        """Delete specs of earlier runs for resources not advertised now, and temp files."""
+    async def _reconcile_start(self) -> bool:
+        """Delete this instance's specs of earlier runs for resources not advertised now, and
+        old temp files; True when done (False: the dir could not be read, try again)."""
         tree = self._tree.value or DeviceTree()
         wanted = {spec_file_name(k) for r in tree if (k := self.kind_of(r)) is not None}
         try:
-            stale_temps = await asyncio.to_thread(remove_temp_files, self.directory)
-            owned = await asyncio.to_thread(owned_specs, self.directory)
+            stale_temps = await asyncio.to_thread(
+                remove_temp_files, self.directory, TEMP_FILE_MIN_AGE_S
+            )
+            owned = await asyncio.to_thread(owned_specs, self.directory, self.instance)
         except OSError as exc:
             log.warning("cdi.reconcile.failed", dir=str(self.directory), reason=_reason(exc))
-            return
+            return False
         for name, resource in sorted(owned.items()):
             if name in wanted:
                 continue
             try:
-                await asyncio.to_thread(remove_owned_spec, self.directory, name)
-                log.info("cdi.spec.removed", file=name, resource=resource, reason="stale")
+                removed = await asyncio.to_thread(
+                    remove_owned_spec, self.directory, name, instance=self.instance
+                )
             except OSError as exc:
                 log.warning("cdi.spec.remove_failed", file=name, reason=_reason(exc))
+                continue
+            if removed:
+                log.info("cdi.spec.removed", file=name, resource=resource, reason="stale")
         if stale_temps:
             log.info("cdi.temp_files.removed", count=stale_temps)
+        return True
 
     def _plan(self, tree: DeviceTree) -> _Plan:
         plan = _Plan()
@@ -220,14 +255,16 @@ class CdiSync:
                 continue
             done = self._written.get(resource)
             if done is not None and done.devices is devices and resource not in self._failing:
-                continue  # the same device map as last time: nothing to rebuild
+                # The same device map as last time: nothing to rebuild, only to check.
+                plan.verify[resource] = (done.entry.file_name, done.stamp, done.data)
+                continue
             renderer = self._renderers.get(resource)
             if renderer is None or renderer.kind != kind:
-                renderer = self._renderers[resource] = SpecRenderer(resource, kind)
+                renderer = self._renderers[resource] = SpecRenderer(resource, kind, self.instance)
             plan.write[resource] = (renderer, file_name, devices)
         for resource, done in self._written.items():
             if resource not in tree:
-                plan.remove[resource] = done.entry.file_name
+                plan.remove[resource] = (done.entry.file_name, done.stamp)
             elif claimed.get(done.entry.file_name) != resource:
                 # Its file now belongs to another resource: forget it without deleting it.
                 plan.forget.add(resource)
@@ -244,24 +281,38 @@ class CdiSync:
         for resource in plan.forget:
             self._written.pop(resource, None)
             self.catalog.set(resource, None)
-        if not plan.write and not plan.remove:
+        if not plan.write and not plan.remove and not plan.verify:
             return
         previous = {
             r: (self._written[r].data, self._written[r].stamp)
             for r in plan.write
             if r in self._written
         }
+        # While the thread replaces files, Allocate may only name devices that the old file
+        # and the new one define alike: those whose DeviceInfo did not change.
+        before = {r: self.catalog.get(r) for r in (*plan.write, *plan.remove)}
+        for resource in plan.remove:
+            self.catalog.set(resource, None)
+        for resource, (_, _, devices) in plan.write.items():
+            old = before[resource]
+            if old is not None:
+                self.catalog.set(resource, old.narrowed_to(devices))
         work = asyncio.ensure_future(asyncio.to_thread(_carry_out, self.directory, plan, previous))
         try:
             outcomes = await asyncio.shield(work)
         except asyncio.CancelledError:
             # Stopping: the thread cannot be stopped, so wait for it and record what it wrote,
             # or close() would not know to remove a spec written in these last milliseconds.
-            self._record(plan, await work)
+            self._record(plan, await work, before)
             raise
-        self._record(plan, outcomes)
+        self._record(plan, outcomes, before)
 
-    def _record(self, plan: _Plan, outcomes: Mapping[str, _Outcome]) -> None:
+    def _record(
+        self,
+        plan: _Plan,
+        outcomes: Mapping[str, _Outcome],
+        before: Mapping[str, CdiResource | None],
+    ) -> None:
         for resource, outcome in outcomes.items():
             if isinstance(outcome, Exception):
                 self.failures += 1
@@ -275,6 +326,8 @@ class CdiSync:
                         retry="with back-off; Allocate gives device specs meanwhile",
                     )
                 self._failing[resource] = reason
+                if resource in before:
+                    self.catalog.set(resource, before[resource])  # the old file is still there
                 continue
             if resource in plan.remove:
                 self._written.pop(resource, None)
@@ -285,6 +338,12 @@ class CdiSync:
             if outcome is None:
                 continue  # unreachable: None is only a removal's outcome
             data, entry, wrote, stamp = outcome
+            if resource in plan.verify:
+                if wrote:  # it had gone or been replaced: rewritten
+                    self.writes += 1
+                    self._written[resource].stamp = stamp
+                    log.warning("cdi.spec.rewritten", resource=resource, reason="changed on disk")
+                continue
             devices = plan.write[resource][2]
             if entry is None:
                 self._written.pop(resource, None)
@@ -300,15 +359,22 @@ class CdiSync:
                 del self._failing[resource]
 
     async def close(self) -> None:
-        """On orderly shutdown: remove the specs written, unless told to keep them."""
+        """On orderly shutdown: remove the specs written, unless told to keep them (a spec
+        another instance has rewritten since is theirs and stays)."""
         if self.settings.keep_on_exit:
             return
         for resource, done in sorted(self._written.items()):
+            self.catalog.set(resource, None)
             try:
-                await asyncio.to_thread(remove_owned_spec, self.directory, done.entry.file_name)
+                await asyncio.to_thread(
+                    remove_owned_spec,
+                    self.directory,
+                    done.entry.file_name,
+                    instance=self.instance,
+                    stamp=done.stamp,
+                )
             except OSError as exc:
                 log.warning("cdi.spec.remove_failed", resource=resource, reason=_reason(exc))
-            self.catalog.set(resource, None)
         self._written.clear()
 
 
@@ -334,17 +400,32 @@ def _carry_out(
             if old_data == rendered.data and file_stamp(directory / file_name) == old_stamp:
                 outcomes[resource] = (rendered.data, entry, False, old_stamp)  # still there
                 continue
+            on_disk = file_stamp(directory / file_name)
             stamp = write_spec_file(directory, file_name, rendered.data, ours=old_stamp)
-            outcomes[resource] = (rendered.data, entry, True, stamp)
+            # The same stamp: the file already held these bytes (a restart) and was kept.
+            outcomes[resource] = (rendered.data, entry, stamp != on_disk, stamp)
         except (OSError, CdiSpecError) as exc:
             outcomes[resource] = exc
-    for resource, file_name in plan.remove.items():
+    for resource, (file_name, stamp_then, data) in plan.verify.items():
+        if file_stamp(directory / file_name) == stamp_then:
+            continue
         try:
-            remove_owned_spec(directory, file_name)
+            stamp = write_spec_file(directory, file_name, data)
+            outcomes[resource] = (data, None, True, stamp)
+        except OSError as exc:
+            outcomes[resource] = exc
+    for resource, (file_name, file_stamp_then) in plan.remove.items():
+        try:
+            remove_owned_spec(directory, file_name, stamp=file_stamp_then)
             outcomes[resource] = None
         except OSError as exc:
             outcomes[resource] = exc
     return outcomes
+
+
+def default_instance(scanners: Sequence[Scanner]) -> str:
+    """The instance name of a daemon running ``scanners``: their names, sorted."""
+    return ",".join(sorted({scanner.name for scanner in scanners})) or DEFAULT_INSTANCE
 
 
 def _reason(exc: Exception) -> str:

@@ -20,7 +20,7 @@ import structlog
 
 from devplug.config import Settings
 from devplug.daemon.cdi_allocation import CdiOptions
-from devplug.daemon.cdi_sync import CdiCatalog, CdiSync
+from devplug.daemon.cdi_sync import CdiCatalog, CdiSync, default_instance
 from devplug.daemon.events import UDEV_CONTROL, MonitorOpener, UeventListener, choose_source
 from devplug.daemon.health import HealthGate
 from devplug.daemon.kubelet import KubeletDirWatcher
@@ -68,7 +68,8 @@ class Daemon:
         cdi = settings.cdi
         # What the spec files on disk define, shared by the CDI task and every servicer.
         self.cdi_catalog = CdiCatalog()
-        self.cdi_sync = CdiSync(cdi, self.cdi_catalog) if cdi.enabled else None
+        instance = cdi.instance or default_instance(scanners)
+        self.cdi_sync = CdiSync(cdi, self.cdi_catalog, instance) if cdi.enabled else None
         self._cdi_options = (
             CdiOptions(self.cdi_catalog, cdi.annotations, cdi.device_specs) if cdi.enabled else None
         )

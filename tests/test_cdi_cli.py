@@ -1,0 +1,81 @@
+"""``devplug cdi generate``: specs from one scan, written or printed, without a daemon."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from devplug.cdi.build import INSTANCE_ANNOTATION, OWNER_ANNOTATION, OWNER_VALUE
+from devplug.testing.umockdev import UmockdevHost, add_intel_gpu
+
+
+def devplug(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "devplug", "cdi", "generate", "--scanner", "intel-gpu", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+def gpus(host: UmockdevHost) -> None:
+    add_intel_gpu(host, "0000:00:02.0", card=0, render=128)
+    add_intel_gpu(host, "0000:03:00.0", card=1, render=129, driver="xe")
+
+
+def test_stdout_prints_every_spec_by_file_name(host: UmockdevHost) -> None:
+    gpus(host)
+    result = devplug("--stdout")
+    assert result.returncode == 0, result.stderr
+    specs = json.loads(result.stdout)
+    assert sorted(specs) == ["gpu.intel.com-i915.json", "gpu.intel.com-xe.json"]
+    xe = specs["gpu.intel.com-xe.json"]
+    assert xe["kind"] == "gpu.intel.com/xe" and xe["cdiVersion"] == "0.6.0"
+    assert [d["name"] for d in xe["devices"]] == ["0000:03:00.0"]
+    assert xe["annotations"][INSTANCE_ANNOTATION] == "intel_gpu"
+
+
+def test_output_dir_is_written_and_pruned_only_when_asked(
+    host: UmockdevHost, short_dir: Path
+) -> None:
+    gpus(host)
+    out = short_dir / "cdi"
+    out.mkdir()
+
+    def marked(instance: str) -> str:
+        annotations = {OWNER_ANNOTATION: OWNER_VALUE, INSTANCE_ANNOTATION: instance}
+        return json.dumps({"kind": "gpu.intel.com/gone", "annotations": annotations})
+
+    ours_stale, other_instance = marked("intel_gpu"), marked("generic")
+    (out / "gpu.intel.com-gone.json").write_text(ours_stale)
+    (out / "example.com-theirs.json").write_text(other_instance)
+    (out / "vendor-foreign.json").write_text('{"kind":"vendor.example/x","devices":[]}')
+
+    kept = devplug("--output-dir", str(out))
+    assert kept.returncode == 0, kept.stderr
+    assert kept.stdout.splitlines() == [
+        f"wrote {out}/gpu.intel.com-i915.json",
+        f"wrote {out}/gpu.intel.com-xe.json",
+    ]
+    assert (out / "gpu.intel.com-gone.json").exists()  # no --prune: nothing removed
+
+    pruned = devplug("--output-dir", str(out), "--prune")
+    assert pruned.returncode == 0, pruned.stderr
+    assert pruned.stdout.splitlines()[-1].startswith(f"removed {out}/gpu.intel.com-gone.json")
+    assert sorted(p.name for p in out.iterdir()) == [
+        "example.com-theirs.json",  # another instance's: left alone
+        "gpu.intel.com-i915.json",
+        "gpu.intel.com-xe.json",
+        "vendor-foreign.json",  # not devplug's: left alone
+    ]
+    assert (out / "gpu.intel.com-xe.json").stat().st_mode & 0o777 == 0o644
+
+
+def test_the_daemons_cdi_dir_is_refused(host: UmockdevHost, short_dir: Path) -> None:
+    gpus(host)
+    result = devplug("--cdi-dir", str(short_dir / "cdi"))
+    assert result.returncode == 2
+    assert "--output-dir" in result.stderr and not (short_dir / "cdi").exists()
