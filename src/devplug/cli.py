@@ -137,7 +137,7 @@ def _scan(scanners: Sequence[Scanner], output: str) -> int:
     except ConfigError as exc:
         print(f"devplug: configuration error: {exc}", file=sys.stderr)
         return EXIT_CONFIG
-    sys.stdout.write(render(result.tree, output))
+    sys.stdout.write(render(result.tree, output, result.extras))
     return 0
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from typing import Any
 
 import yaml
@@ -50,12 +51,27 @@ def tree_dict(tree: DeviceTree) -> dict[str, Any]:
     }
 
 
-def render(tree: DeviceTree, output: str) -> str:
+def render(tree: DeviceTree, output: str, extras: Mapping[str, object] | None = None) -> str:
+    """``extras`` (scanners' reports) go beside ``"resources"``, never inside it."""
+    document = {**tree_dict(tree), **(extras or {})}
     if output == "json":
-        return json.dumps(tree_dict(tree), indent=2) + "\n"
+        return json.dumps(document, indent=2) + "\n"
     if output == "yaml":
-        return yaml.safe_dump(tree_dict(tree), sort_keys=False)
-    return render_table(tree)
+        return yaml.safe_dump(document, sort_keys=False)
+    return render_table(tree) + render_notes(extras or {})
+
+
+def render_notes(extras: Mapping[str, object]) -> str:
+    """Reported items that carry a ``reason``, one line each, under the table."""
+    lines = []
+    for section, items in sorted(extras.items()):
+        if not isinstance(items, list):
+            continue
+        for item in items:
+            if isinstance(item, dict) and "reason" in item:
+                what = item.get("summary") or item.get("id") or "?"
+                lines.append(f"{section}: {what}: {item['reason']}")
+    return ("\n" + "\n".join(lines) + "\n") if lines else ""
 
 
 def render_table(tree: DeviceTree) -> str:

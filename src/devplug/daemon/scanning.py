@@ -22,7 +22,7 @@ import structlog
 
 from devplug.errors import ConfigError, ScanCancelled
 from devplug.model import DeviceTree
-from devplug.scanners.base import IncrementalScanner, Scanner
+from devplug.scanners.base import IncrementalScanner, Reporter, Scanner
 from devplug.scanners.udev import UdevEvent, UdevSource
 
 log = structlog.get_logger("devplug.scan")
@@ -37,6 +37,8 @@ class ScanResult:
     # How many scanners ran a full scan and how many an incremental one.
     full: int = 0
     incremental: int = 0
+    # Sections scanners report beside their devices (Reporter), for ``devplug scan``.
+    extras: Mapping[str, object] = field(default_factory=dict)
 
 
 def event_subsystems(scanners: Sequence[Scanner]) -> frozenset[str] | None:
@@ -114,7 +116,11 @@ class ScanRunner:
                 tree = DeviceTree({k: v for k, v in tree.items() if k not in clash})
             merged = merged.merged(tree)
             owners.update(dict.fromkeys(tree, scanner))
-        return ScanResult(merged, owners, time.perf_counter() - started, full, incremental)
+        extras: dict[str, object] = {}
+        for scanner in self.scanners:
+            if isinstance(scanner, Reporter):
+                extras.update(scanner.report())
+        return ScanResult(merged, owners, time.perf_counter() - started, full, incremental, extras)
 
     @staticmethod
     def _rescan(

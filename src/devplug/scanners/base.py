@@ -56,6 +56,15 @@ class IncrementalScanner(Protocol):
 
 
 @runtime_checkable
+class Reporter(Protocol):
+    """A scanner with more to say than what it advertises (devices it found but cannot
+    serve, and why). ``report()`` describes its last scan as JSON-ready sections that
+    ``devplug scan`` prints beside ``"resources"``."""
+
+    def report(self) -> Mapping[str, object]: ...
+
+
+@runtime_checkable
 class Allocator(Protocol):
     """Replaces the default Allocate answer.
 

@@ -9,11 +9,13 @@ from devplug.errors import ConfigError
 from devplug.scanners.base import Scanner
 from devplug.scanners.generic import GenericScanner
 from devplug.scanners.intel_gpu import IntelGpuScanner
+from devplug.scanners.vfio import VfioScanner
 
 # name -> factory(raw config section or None for defaults, field path) -> Scanner
 BUILTIN_SCANNERS: Mapping[str, Callable[[Any, str], Scanner]] = {
     "generic": GenericScanner.from_config,
     "intel_gpu": IntelGpuScanner.from_config,
+    "vfio": VfioScanner.from_config,
 }
 
 

@@ -32,8 +32,12 @@ from devplug.testing.umockdev.presets import (
     add_drm_minors,
     add_intel_gpu,
     add_intel_sriov_gpu,
+    add_iommufd,
     add_pci_device,
     add_usb_serial,
+    add_vfio_container,
+    add_vfio_function,
+    add_vfio_group,
 )
 from devplug.testing.umockdev.wire import encode_udev_message
 
@@ -45,8 +49,12 @@ __all__ = [
     "add_drm_minors",
     "add_intel_gpu",
     "add_intel_sriov_gpu",
+    "add_iommufd",
     "add_pci_device",
     "add_usb_serial",
+    "add_vfio_container",
+    "add_vfio_function",
+    "add_vfio_group",
     "encode_udev_message",
     "preload_active",
 ]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Mapping
 from typing import Final
@@ -272,3 +273,79 @@ def add_usb_serial(
         node=MockNode(tty_name, 188, index),
         devlinks=devlinks,
     )
+
+
+# ---------------------------------------------------------------------------------- VFIO
+
+VFIO_GROUP_MAJOR = 243  # dynamic on real hosts; any fixed value does here
+VFIO_DEVICE_MAJOR = 509
+
+
+def add_vfio_container(host: UmockdevHost) -> str:
+    """``/dev/vfio/vfio``, the legacy VFIO container node (misc 10:196); once per host."""
+    path = "/sys/devices/virtual/misc/vfio"
+    if host.has_device(path):
+        return path
+    return host.add_device(path, "misc", node=MockNode("vfio/vfio", 10, 196))
+
+
+def add_iommufd(host: UmockdevHost) -> str:
+    """``/dev/iommu``, present on kernels with iommufd (misc 10:123); once per host."""
+    path = "/sys/devices/virtual/misc/iommu"
+    if host.has_device(path):
+        return path
+    return host.add_device(path, "misc", node=MockNode("iommu", 10, 123))
+
+
+def add_vfio_group(host: UmockdevHost, group: int, *, noiommu: bool = False) -> str:
+    """An IOMMU group's VFIO node (``/dev/vfio/<group>``, or ``noiommu-<group>``) and the
+    group's sysfs ``name`` file (``vfio-noiommu`` for a no-IOMMU group)."""
+    if group < 0:
+        raise ValueError(f"IOMMU group numbers are not negative: {group}")
+    group_dir = os.path.join(host.root, "sys", "kernel", "iommu_groups", str(group))
+    os.makedirs(os.path.join(group_dir, "devices"), exist_ok=True)
+    if noiommu:
+        with open(os.path.join(group_dir, "name"), "w", encoding="ascii") as handle:
+            handle.write("vfio-noiommu\n")
+    name = f"noiommu-{group}" if noiommu else str(group)
+    return host.add_device(
+        f"/sys/devices/virtual/vfio/{name}",
+        "vfio",
+        node=MockNode(f"vfio/{name}", VFIO_GROUP_MAJOR, group),
+    )
+
+
+def add_vfio_function(
+    host: UmockdevHost,
+    address: str,
+    *,
+    vendor: str,
+    device: str,
+    group: int,
+    driver: str | None = "vfio-pci",
+    numa_node: int = -1,
+    cls: str = "0x030000",
+    vfio_dev: int | None = None,
+    parent: str | None = None,
+) -> str:
+    """A PCI function in IOMMU ``group``; with ``vfio_dev`` (N) also its iommufd character
+    device ``<function>/vfio-dev/vfioN`` and ``/dev/vfio/devices/vfioN``. Add the group's node
+    with :func:`add_vfio_group` (once per group)."""
+    pci = add_pci_device(
+        host,
+        address,
+        vendor=vendor,
+        device=device,
+        driver=driver,
+        numa_node=numa_node,
+        cls=cls,
+        iommu_group=group,
+        parent=parent,
+    )
+    if vfio_dev is not None:
+        host.add_device(
+            f"{pci}/vfio-dev/vfio{vfio_dev}",
+            "vfio-dev",
+            node=MockNode(f"vfio/devices/vfio{vfio_dev}", VFIO_DEVICE_MAJOR, vfio_dev),
+        )
+    return pci

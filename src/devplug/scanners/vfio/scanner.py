@@ -1,0 +1,212 @@
+"""The VFIO scanner: PCI functions bound to a VFIO driver, served one IOMMU group per device.
+
+A group can only go to one VM, so each device is a group: its id is the lowest PCI address of
+its functions (stable across reboots, unlike the group number), its answer carries every
+node of the group, and ``PCI_RESOURCE_<RESOURCE>`` lists the addresses of its VFIO-bound
+functions, as KubeVirt expects. A group with a function on a host driver (bridges excepted)
+is not assignable: it is reported by ``devplug scan`` with the reason, never advertised.
+
+Health, at every scan: a group already advertised whose function leaves its VFIO driver
+(unbound, or bound to another driver) or whose nodes vanish stays listed as Unhealthy with
+the reason, and is Healthy again when restored. devplug never binds or unbinds drivers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+import structlog
+
+from devplug.model import DeviceInfo, DeviceNode, DeviceTree, DeviceTreeBuilder, Health
+from devplug.scanners.udev import UdevEvent, UdevSource
+from devplug.scanners.vfio.discovery import PciFunction, read_functions
+from devplug.scanners.vfio.settings import VfioSettings
+
+log = structlog.get_logger("devplug.scanners.vfio")
+
+CONTAINER_NODE = "/dev/vfio/vfio"
+IOMMUFD_NODE = "/dev/iommu"
+# Drivers a function may sit on without keeping its group from a VM (the kernel agrees).
+_HARMLESS_DRIVERS = frozenset({"pci-stub"})
+REPORT_SECTION = "vfio_unassignable_groups"
+
+
+def kubevirt_variable(resource: str) -> str:
+    """KubeVirt's name for a resource's PCI addresses: ``PCI_RESOURCE_`` + the name
+    upper-cased with "." and "/" as "_" (``intel.com/x710`` -> ``PCI_RESOURCE_INTEL_COM_X710``)."""
+    return "PCI_RESOURCE_" + resource.upper().replace(".", "_").replace("/", "_")
+
+
+@dataclass(frozen=True, slots=True)
+class _Entry:
+    resource: str
+    info: DeviceInfo
+    vfio_functions: frozenset[str]  # addresses that were on a VFIO driver when advertised
+
+
+class VfioScanner:
+    """Scanner for ``scanners.vfio``."""
+
+    name = "vfio"
+
+    def __init__(self, settings: VfioSettings | None = None) -> None:
+        self.settings = settings or VfioSettings()
+        self._drivers = frozenset(self.settings.drivers)
+        self._entries: dict[str, _Entry] = {}  # group id -> what was advertised
+        self._unassignable: list[dict[str, Any]] = []
+
+    @classmethod
+    def from_config(cls, raw: Any, field: str = "scanners.vfio") -> VfioScanner:
+        return cls(VfioSettings.from_raw(raw, field))
+
+    @property
+    def subsystems(self) -> frozenset[str]:
+        # pci: bind/unbind and hotplug; vfio: group nodes; vfio-dev: iommufd nodes;
+        # misc: /dev/vfio/vfio and /dev/iommu.
+        return frozenset({"pci", "vfio", "vfio-dev", "misc"})
+
+    def rescan(
+        self, source: UdevSource, previous: DeviceTree, events: Sequence[UdevEvent]
+    ) -> DeviceTree | None:
+        # A group is decided by all its functions and nodes together, and hosts have tens of
+        # PCI functions, not thousands: every event batch gets a full scan.
+        return None
+
+    def report(self) -> Mapping[str, object]:
+        return {REPORT_SECTION: list(self._unassignable)}
+
+    def scan(self, source: UdevSource) -> DeviceTree:
+        groups: dict[int, list[PciFunction]] = {}
+        for function in read_functions(source):
+            if function.group is not None:
+                groups.setdefault(function.group, []).append(function)
+        iommufd = source.node_exists(IOMMUFD_NODE)
+        entries: dict[str, _Entry] = {}
+        unassignable: list[dict[str, Any]] = []
+        for group, members in sorted(groups.items()):
+            endpoints = [f for f in members if not f.is_bridge]
+            if not endpoints:
+                continue
+            group_id = endpoints[0].address  # members come in address order
+            entry, problem = self._evaluate(
+                source, group, members, endpoints, self._entries.get(group_id), iommufd
+            )
+            if entry is not None:
+                entries[group_id] = entry
+            elif problem is not None:
+                unassignable.append(
+                    {
+                        "group": group,
+                        "id": group_id,
+                        "summary": f"group {group} ({_describe(members)})",
+                        "functions": [
+                            {
+                                "address": f.address,
+                                "driver": f.driver,
+                                "ids": f"{f.vendor}:{f.device}",
+                            }
+                            for f in members
+                        ],
+                        "reason": problem,
+                    }
+                )
+        builder = DeviceTreeBuilder()
+        for group_id, entry in sorted(entries.items()):
+            builder.add(entry.resource, group_id, entry.info)
+        self._entries = entries
+        self._unassignable = unassignable
+        return builder.build()
+
+    def _evaluate(
+        self,
+        source: UdevSource,
+        group: int,
+        members: list[PciFunction],
+        endpoints: list[PciFunction],
+        previous: _Entry | None,
+        iommufd: bool,
+    ) -> tuple[_Entry | None, str | None]:
+        """(what to advertise, or None with the reason it is not assignable, if it is ours)."""
+        on_vfio = [f for f in endpoints if f.driver in self._drivers]
+        if not on_vfio and previous is None:
+            return None, None  # a host device: not ours to mention
+        noiommu = any(f.noiommu for f in members)
+        if noiommu and not self.settings.allow_noiommu:
+            return (
+                None,
+                "no IOMMU (vfio-noiommu): no DMA isolation; set allow_noiommu: true to serve it",
+            )
+        problems = []
+        for function in endpoints:
+            if function.driver in self._drivers or function.driver in _HARMLESS_DRIVERS:
+                continue
+            if function.driver is not None:
+                problems.append(
+                    f"function {function.address} is bound to {function.driver}, a host driver"
+                )
+            elif previous is not None and function.address in previous.vfio_functions:
+                problems.append(
+                    f"function {function.address} left its VFIO driver (no driver bound)"
+                )
+        nodes = self._nodes(group, noiommu, on_vfio, iommufd)
+        missing = [node for node in nodes if not source.node_exists(node)]
+        if previous is None:
+            if problems:
+                return None, "; ".join(problems)
+            if missing:
+                log.debug("vfio.group.nodes_missing", group=group, nodes=missing)
+                return None, f"device node {' '.join(missing)} is missing"
+        resource = previous.resource if previous is not None else self._resource(endpoints)
+        problems.extend(f"device node {node} is missing" for node in missing)
+        if previous is not None and not on_vfio:
+            # Every function left VFIO: keep the group listed as unhealthy, as it was.
+            info = replace(
+                previous.info, health=Health.UNHEALTHY, health_reason="; ".join(problems)
+            )
+            return _Entry(resource, info, previous.vfio_functions), None
+        addresses = [f.address for f in on_vfio]
+        numa = {f.numa_node for f in endpoints if f.numa_node is not None}
+        info = DeviceInfo(
+            health=Health.UNHEALTHY if problems else Health.HEALTHY,
+            health_reason="; ".join(problems),
+            nodes=tuple(DeviceNode(node) for node in nodes if node not in missing),
+            env={kubevirt_variable(resource): ",".join(addresses)},
+            numa_nodes=tuple(sorted(numa)),
+            sources=tuple(f.sys_path for f in members),
+        )
+        vfio_functions = frozenset(addresses) | (
+            previous.vfio_functions if previous else frozenset()
+        )
+        return _Entry(resource, info, vfio_functions), None
+
+    def _nodes(
+        self, group: int, noiommu: bool, on_vfio: list[PciFunction], iommufd: bool
+    ) -> list[str]:
+        legacy = [CONTAINER_NODE, f"/dev/vfio/noiommu-{group}" if noiommu else f"/dev/vfio/{group}"]
+        if noiommu:
+            return legacy  # iommufd has no no-IOMMU groups
+        fd_nodes = [IOMMUFD_NODE] + [
+            f"/dev/vfio/devices/{name}" for f in on_vfio for name in f.vfio_devs
+        ]
+        mode = self.settings.mode
+        if mode == "legacy":
+            return legacy
+        if mode == "iommufd":
+            return fd_nodes
+        return legacy + fd_nodes if iommufd else legacy
+
+    def _resource(self, endpoints: list[PciFunction]) -> str:
+        """The resource of the first function (by address) that a selector names, else the
+        default name of the first function."""
+        for function in endpoints:
+            resource = self.settings.resource_for(function.vendor, function.device)
+            if resource is not None:
+                return resource
+        first = endpoints[0]
+        return self.settings.default_resource(first.vendor, first.device)
+
+
+def _describe(members: list[PciFunction]) -> str:
+    return ", ".join(f"{f.address} {f.driver or 'no driver'}" for f in members)
