@@ -125,9 +125,12 @@ def test_mounts_become_bind_mounts() -> None:
     assert all(m.type is None for m in device_edits(info).mounts)
 
 
-def test_env_is_sorted_name_equals_value() -> None:
-    info = DeviceInfo(env={"ZED": "1", "ALPHA": "a=b", "MID": "", "B": "x y"})
-    assert device_edits(info).env == ("ALPHA=a=b", "B=x y", "MID=", "ZED=1")
+def test_env_stays_out_of_the_spec() -> None:
+    # Allocate carries env: the kubelet merges several devices' values for one container,
+    # where CDI injection would let the last device's value win.
+    info = DeviceInfo(env={"ZED": "1", "ALPHA": "a=b"}, nodes=(DeviceNode("/dev/x0"),))
+    assert device_edits(info).env == ()
+    assert device_edits(DeviceInfo(env={"A": "1"})).empty
 
 
 def test_cdi_only_edits_are_carried() -> None:
@@ -160,7 +163,6 @@ def test_everything_together() -> None:
         cdi_edits=CdiEdits(hooks=(CdiHook("createContainer", "/bin/h"),), additional_gids=(5,)),
     )
     assert device_edits(info) == ContainerEdits(
-        env=("ACCEL=0",),
         device_nodes=(DeviceNodeEdit("/dev/accel0", permissions="rwm"),),
         mounts=(MountEdit("/usr/share/accel", "/usr/share/accel", BIND_RO),),
         hooks=(HookEdit("createContainer", "/bin/h"),),
@@ -236,11 +238,11 @@ def test_devices_with_nothing_to_give_are_left_out() -> None:
         "d0": DeviceInfo(),
         "d1": node_info("/dev/d1"),
         "d2": DeviceInfo(annotations={"k": "v"}, cdi_edits=CdiEdits()),
-        "d3": DeviceInfo(env={"A": "1"}),
+        "d3": DeviceInfo(env={"A": "1"}),  # env alone: nothing for the spec
     }
     s = resource_spec("example.com/xx", "example.com/xx", devices)
     assert s is not None
-    assert [d.name for d in s.devices] == ["d1", "d3"]
+    assert [d.name for d in s.devices] == ["d1"]
 
 
 def test_no_spec_when_no_device_has_anything_to_give() -> None:

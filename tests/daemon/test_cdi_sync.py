@@ -99,7 +99,8 @@ def has_device_specs(answer: ContainerAllocation, *ids: str) -> bool:
 
 
 def stripped(answer: ContainerAllocation) -> bool:
-    return not answer.nodes and not answer.mounts and not answer.env
+    """Only the CDI names remain for nodes and mounts; env always stays in Allocate."""
+    return not answer.nodes and not answer.mounts and bool(answer.env)
 
 
 def settings(kubelet_dir: Path, cdi_dir: Path, **cdi: Any) -> Settings:
@@ -216,7 +217,7 @@ async def test_a_spec_is_written_when_a_resource_appears(
         }
         assert [d["name"] for d in document["devices"]] == ["dev0", "dev1"]
         edits = document["devices"][1]["containerEdits"]
-        assert edits["env"] == ["SERIAL=1"]
+        assert "env" not in edits  # env goes in Allocate, merged across devices
         assert [n["path"] for n in edits["deviceNodes"]] == ["/dev/ttyX1"]
         assert [m["hostPath"] for m in edits["mounts"]] == ["/run/serial/1"]
         assert sorted(os.listdir(cdi_dir)) == [SERIAL_SPEC]

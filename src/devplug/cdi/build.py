@@ -52,7 +52,7 @@ def spec_annotations(resource: str, instance: str) -> dict[str, str]:
 
 
 def device_edits(info: DeviceInfo) -> ContainerEdits:
-    """What a container gets for one device: its nodes, mounts, env and CDI-only edits."""
+    """What a container gets for one device from its spec: nodes, mounts and CDI-only edits."""
     nodes = tuple(
         DeviceNodeEdit(
             path=node.container_path,
@@ -77,8 +77,10 @@ def device_edits(info: DeviceInfo) -> ContainerEdits:
             HookEdit(h.hook_name, h.path, h.args, h.env, h.timeout) for h in info.cdi_edits.hooks
         )
         gids = info.cdi_edits.additional_gids
+    # No env: Allocate carries it. The kubelet merges the env of all of a container's devices
+    # (KubeVirt's PCI_RESOURCE_* lists every group), while CDI injection sets each device's
+    # variables in turn, so the last device's value would win over the merged one.
     return ContainerEdits(
-        env=tuple(f"{key}={value}" for key, value in sorted(info.env.items())),
         device_nodes=nodes,
         mounts=mounts,
         hooks=hooks,

@@ -34,9 +34,10 @@ def with_cdi(
 
     Applied to the default answer, which is made from the same devices as the spec (an
     Allocator hook's answer is the hook's own and is sent as it is). Without ``device_specs``,
-    the nodes, mounts and env are dropped only when every id has a CDI name (and
-    ``may_strip``): a device the spec does not define yet (written a moment later, or not at
-    all on a read-only dir) still reaches the container through its device specs.
+    the nodes and mounts are dropped only when every id has a CDI name (and ``may_strip``): a
+    device the spec does not define yet (written a moment later, or not at all on a read-only
+    dir) still reaches the container through its device specs. Env always stays: specs do
+    not carry it.
     """
     entry = options.catalog.get(resource)
     if entry is None:
@@ -49,7 +50,7 @@ def with_cdi(
         annotations[annotation_key(ANNOTATION_PLUGIN, resource)] = ",".join(names)
     strip = may_strip and not options.device_specs and len(names) == len(ids)
     return ContainerAllocation(
-        env={} if strip else answer.env,
+        env=answer.env,  # never in the spec: see devplug.cdi.build.device_edits
         mounts=() if strip else answer.mounts,
         nodes=() if strip else answer.nodes,
         annotations=annotations,

@@ -56,7 +56,7 @@ class CdiResource:
     kind: str
     file_name: str
     names: frozenset[str]
-    # The devices the file was made from: a device whose nodes, mounts or env changed since
+    # The devices the file was made from: a device whose nodes, mounts or CDI edits changed since
     # is not named in Allocate until its spec is rewritten (the runtime would inject the old).
     devices: Mapping[str, DeviceInfo]
 
@@ -75,7 +75,6 @@ class CdiResource:
             then is not None
             and then.nodes == now.nodes
             and then.mounts == now.mounts
-            and then.env == now.env
             and then.cdi_edits == now.cdi_edits
         )
 
