@@ -63,8 +63,9 @@ class CdiSettings(StrictModel):
     passed them in the CRI). ``device_specs``: keep returning device nodes and mounts in
     Allocate besides the CDI names (on by default: a runtime without CDI support still gets
     the devices, and CDI injection replaces a node of the same path rather than adding it
-    twice). Env is always returned in Allocate: specs do not carry it. ``keep_on_exit``: leave the specs in place when devplug stops. ``kinds``:
-    resource -> CDI kind, where the resource name itself is not the kind wanted.
+    twice). Env is always returned in Allocate: specs do not carry it. ``keep_on_exit``:
+    leave the specs in place when devplug stops. ``kinds``: resource -> CDI kind, where the
+    resource name itself is not the kind wanted.
     ``instance``: written into each spec; start-up clean-up removes only this instance's old
     specs. Defaults to the configured scanners' names, so two devplug DaemonSets with
     different scanners sharing a CDI dir leave each other's specs alone; set it when two
