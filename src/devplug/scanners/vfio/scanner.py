@@ -140,15 +140,22 @@ class VfioScanner:
             )
         problems = []
         for function in endpoints:
-            if function.driver in self._drivers or function.driver in _HARMLESS_DRIVERS:
+            if function.driver in self._drivers:
                 continue
-            if function.driver is not None:
-                problems.append(
-                    f"function {function.address} is bound to {function.driver}, a host driver"
-                )
-            elif previous is not None and function.address in previous.vfio_functions:
+            was_vfio = previous is not None and function.address in previous.vfio_functions
+            if was_vfio and function.driver is None:
                 problems.append(
                     f"function {function.address} left its VFIO driver (no driver bound)"
+                )
+            elif was_vfio:
+                # pci-stub included: harmless for a group, but this function left the VM's set.
+                problems.append(
+                    f"function {function.address} left its VFIO driver: it is bound to "
+                    f"{function.driver}"
+                )
+            elif function.driver is not None and function.driver not in _HARMLESS_DRIVERS:
+                problems.append(
+                    f"function {function.address} is bound to {function.driver}, a host driver"
                 )
         nodes = self._nodes(group, noiommu, on_vfio, iommufd)
         missing = [node for node in nodes if not source.node_exists(node)]
@@ -162,9 +169,8 @@ class VfioScanner:
         problems.extend(f"device node {node} is missing" for node in missing)
         if previous is not None and not on_vfio:
             # Every function left VFIO: keep the group listed as unhealthy, as it was.
-            info = replace(
-                previous.info, health=Health.UNHEALTHY, health_reason="; ".join(problems)
-            )
+            reason = "; ".join(problems) or "no function of the group is on a VFIO driver"
+            info = replace(previous.info, health=Health.UNHEALTHY, health_reason=reason)
             return _Entry(resource, info, previous.vfio_functions), None
         addresses = [f.address for f in on_vfio]
         numa = {f.numa_node for f in endpoints if f.numa_node is not None}

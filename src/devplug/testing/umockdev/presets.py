@@ -60,11 +60,14 @@ def add_pci_device(
             f"bc{class_id >> 16 & 0xFF:02X}sc{class_id >> 8 & 0xFF:02X}i{class_id & 0xFF:02X}"
         ),
     }
+    base = parent if parent is not None else f"/sys/devices/pci{domain}:{bus_no}"
     links: dict[str, str] = dict(extra_links)
     if iommu_group is not None:
-        # Dangling in the testbed (trap 7): consumers read the link's basename.
-        links["iommu_group"] = f"../../../kernel/iommu_groups/{iommu_group}"
-    base = parent if parent is not None else f"/sys/devices/pci{domain}:{bus_no}"
+        # Relative, as in sysfs, from wherever the function sits (below bridges, too). The
+        # target exists only when add_vfio_group made it (trap 7: read the link's basename).
+        links["iommu_group"] = os.path.relpath(
+            f"/sys/kernel/iommu_groups/{iommu_group}", f"{base}/{address}"
+        )
     return host.add_device(
         f"{base}/{address}",
         "pci",

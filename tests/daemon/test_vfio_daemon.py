@@ -1,0 +1,283 @@
+"""The VFIO scanner served end to end: umockdev IOMMU groups -> daemon -> kubelet simulator.
+
+What a KubeVirt VM pod relies on: one device per IOMMU group with its NUMA node, Allocate
+answering every node of the group and ``PCI_RESOURCE_<RESOURCE>`` with the group's PCI
+addresses (comma-joined over groups, in request order), GetPreferredAllocation packing on a
+NUMA node, bind/unbind events driving health, and the group's CDI spec.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from devplug.config import HotplugSettings
+from devplug.daemon.runner import Daemon
+from devplug.model import DeviceNode, Health
+from devplug.scanners.vfio import VfioScanner
+from devplug.testing import KubeletSimulator, daemon_settings, running_daemon
+from devplug.testing.simulator import ListedDevice, SimulatorRpcError
+from devplug.testing.umockdev import (
+    UmockdevHost,
+    add_iommufd,
+    add_vfio_container,
+    add_vfio_function,
+    add_vfio_group,
+)
+
+X710 = "intel.com/x710"
+VARIABLE = "PCI_RESOURCE_INTEL_COM_X710"
+SECTION = {"devices": [{"selector": "8086:1572", "resource": X710}]}
+
+# Four X710 groups: two functions in group 40 and one in 41 on NUMA node 0, one each in
+# groups 90 and 91 on NUMA node 1.
+A0, A1 = "0000:3b:00.0", "0000:3b:00.1"
+B = "0000:3c:00.0"
+C = "0000:86:00.0"
+D = "0000:87:00.0"
+
+
+def hotplug() -> HotplugSettings:
+    return HotplugSettings(
+        source="kernel", coalesce_ms=2, resync_s=3600, poll_s=3600, health_hold_down_s=0
+    )
+
+
+def nodes(*paths: str) -> tuple[DeviceNode, ...]:
+    return tuple(DeviceNode(path) for path in paths)
+
+
+GROUP_A_NODES = nodes(
+    "/dev/vfio/vfio",
+    "/dev/vfio/40",
+    "/dev/iommu",
+    "/dev/vfio/devices/vfio0",
+    "/dev/vfio/devices/vfio1",
+)
+
+
+@pytest.fixture
+async def daemon_for(
+    host: UmockdevHost, kubelet: KubeletSimulator, kubelet_dir: Path
+) -> AsyncIterator[Callable[..., Any]]:
+    """Factory: an in-process daemon running the VFIO scanner with the given section."""
+    stack: list[Any] = []
+
+    async def start(section: dict[str, Any]) -> Daemon:
+        manager = running_daemon(
+            daemon_settings(kubelet_dir, hotplug=hotplug()),
+            [VfioScanner.from_config(section)],
+        )
+        stack.append(manager)
+        daemon: Daemon = await manager.__aenter__()
+        return daemon
+
+    try:
+        yield start
+    finally:
+        for manager in reversed(stack):
+            await manager.__aexit__(None, None, None)
+
+
+def four_groups(host: UmockdevHost) -> dict[str, str]:
+    """The X710 groups above on a host with iommufd; address -> sysfs path."""
+    add_vfio_container(host)
+    add_iommufd(host)
+    layout = [(A0, 40, 0, 0), (A1, 40, 0, 1), (B, 41, 0, 2), (C, 90, 1, 3), (D, 91, 1, 4)]
+    paths = {}
+    for address, group, numa, vfio_dev in layout:
+        if not host.has_device(f"/sys/devices/virtual/vfio/{group}"):
+            add_vfio_group(host, group)
+        paths[address] = add_vfio_function(
+            host,
+            address,
+            vendor="0x8086",
+            device="0x1572",
+            group=group,
+            numa_node=numa,
+            cls="0x020000",
+            vfio_dev=vfio_dev,
+        )
+    return paths
+
+
+def health(listed: dict[str, ListedDevice]) -> dict[str, str]:
+    return {device_id: device.health for device_id, device in listed.items()}
+
+
+async def test_groups_reach_the_kubelet_with_topology_and_allocate_every_node(
+    host: UmockdevHost, kubelet: KubeletSimulator, daemon_for: Callable[..., Any]
+) -> None:
+    four_groups(host)
+    await daemon_for(SECTION)
+    x710 = await kubelet.wait_for_plugin(X710)
+    assert (await x710.wait_for_update()) == {
+        A0: ListedDevice(A0, "Healthy", (0,)),
+        B: ListedDevice(B, "Healthy", (0,)),
+        C: ListedDevice(C, "Healthy", (1,)),
+        D: ListedDevice(D, "Healthy", (1,)),
+    }
+
+    (answer,) = await x710.allocate([A0])
+    assert answer.nodes == GROUP_A_NODES
+    assert dict(answer.env) == {VARIABLE: f"{A0},{A1}"}
+    assert answer.mounts == ()
+
+    (single,) = await x710.allocate([D])
+    assert single.nodes == nodes(
+        "/dev/vfio/vfio", "/dev/vfio/91", "/dev/iommu", "/dev/vfio/devices/vfio4"
+    )
+    assert dict(single.env) == {VARIABLE: D}
+
+    # The second function of a group is not a device of its own.
+    with pytest.raises(SimulatorRpcError) as refused:
+        await x710.allocate([A1])
+    assert refused.value.code == "NOT_FOUND"
+
+
+async def test_two_groups_in_one_container_get_all_addresses_in_request_order(
+    host: UmockdevHost, kubelet: KubeletSimulator, daemon_for: Callable[..., Any]
+) -> None:
+    four_groups(host)
+    await daemon_for(SECTION)
+    x710 = await kubelet.wait_for_plugin(X710)
+    await x710.wait_for_update(lambda listed: len(listed) == 4)
+
+    (answer,) = await x710.allocate([C, A0])
+    assert dict(answer.env) == {VARIABLE: f"{C},{A0},{A1}"}
+    assert answer.nodes == nodes(
+        "/dev/vfio/vfio",
+        "/dev/vfio/90",
+        "/dev/iommu",
+        "/dev/vfio/devices/vfio3",
+        "/dev/vfio/40",
+        "/dev/vfio/devices/vfio0",
+        "/dev/vfio/devices/vfio1",
+    )
+    # The other order, and two containers that each get their own groups only.
+    (reverse,) = await x710.allocate([A0, C])
+    assert dict(reverse.env) == {VARIABLE: f"{A0},{A1},{C}"}
+    first, second = await x710.allocate([B], [D])
+    assert dict(first.env) == {VARIABLE: B}
+    assert dict(second.env) == {VARIABLE: D}
+
+
+async def test_preferred_allocation_packs_groups_on_the_must_include_numa_node(
+    host: UmockdevHost, kubelet: KubeletSimulator, daemon_for: Callable[..., Any]
+) -> None:
+    four_groups(host)
+    await daemon_for(SECTION)
+    x710 = await kubelet.wait_for_plugin(X710)
+    everything = sorted(await x710.wait_for_update(lambda listed: len(listed) == 4))
+    assert (await x710.get_options()).get_preferred_allocation_available
+
+    assert await x710.preferred(everything, 2, must_include=[C]) == [C, D]
+    assert await x710.preferred(everything, 2, must_include=[B]) == [B, A0]
+    # Without must-include, two groups on one node rather than one on each.
+    assert await x710.preferred([A0, C, D], 2) == [C, D]
+
+
+async def test_unbind_and_bind_events_drive_health_and_allocate(
+    host: UmockdevHost, kubelet: KubeletSimulator, daemon_for: Callable[..., Any]
+) -> None:
+    paths = four_groups(host)
+    daemon = await daemon_for(SECTION)
+    x710 = await kubelet.wait_for_plugin(X710)
+    await x710.wait_for_update(lambda listed: len(listed) == 4)
+
+    seen = len(x710.updates)
+    host.set_driver(paths[A1], None)
+    await host.emit_async("unbind", paths[A1])
+    listed = await x710.wait_for_update(
+        lambda listed: health(listed)[A0] == "Unhealthy", after=seen
+    )
+    assert health(listed) == {A0: "Unhealthy", B: "Healthy", C: "Healthy", D: "Healthy"}
+    info = daemon.manager.servers[X710].devices.value[A0]
+    assert info.health == Health.UNHEALTHY
+    assert "left its VFIO driver" in info.health_reason and A1 in info.health_reason
+
+    with pytest.raises(SimulatorRpcError) as refused:
+        await x710.allocate([A0])
+    assert refused.value.code == "INVALID_ARGUMENT"
+    assert "unhealthy" in refused.value.details
+    # The daemon keeps serving the other groups.
+    (answer,) = await x710.allocate([B])
+    assert dict(answer.env) == {VARIABLE: B}
+
+    # Bound to a host driver instead: still unhealthy, now with that reason.
+    host.set_driver(paths[A1], "i40e")
+    await host.emit_async("bind", paths[A1])
+    server = daemon.manager.servers[X710]
+    async with asyncio.timeout(5):
+        while "bound to i40e" not in server.devices.value[A0].health_reason:  # noqa: ASYNC110
+            await asyncio.sleep(0.01)
+    assert A1 in server.devices.value[A0].health_reason
+    assert health(x710.latest)[A0] == "Unhealthy"
+
+    seen = len(x710.updates)
+    host.set_driver(paths[A1], "vfio-pci")
+    await host.emit_async("bind", paths[A1])
+    await x710.wait_for_update(lambda listed: health(listed)[A0] == "Healthy", after=seen)
+    (answer,) = await x710.allocate([A0])
+    assert answer.nodes == GROUP_A_NODES
+    assert dict(answer.env) == {VARIABLE: f"{A0},{A1}"}
+
+
+async def test_a_vanished_group_node_is_seen_through_its_change_event(
+    host: UmockdevHost, kubelet: KubeletSimulator, daemon_for: Callable[..., Any]
+) -> None:
+    four_groups(host)
+    await daemon_for(SECTION)
+    x710 = await kubelet.wait_for_plugin(X710)
+    await x710.wait_for_update(lambda listed: len(listed) == 4)
+
+    group = "/sys/devices/virtual/vfio/41"
+    seen = len(x710.updates)
+    host.set_node_present(group, False)
+    await host.emit_async("change", group)
+    listed = await x710.wait_for_update(lambda listed: health(listed)[B] == "Unhealthy", after=seen)
+    assert health(listed) == {A0: "Healthy", B: "Unhealthy", C: "Healthy", D: "Healthy"}
+
+    seen = len(x710.updates)
+    host.set_node_present(group, True)
+    await host.emit_async("change", group)
+    await x710.wait_for_update(lambda listed: health(listed)[B] == "Healthy", after=seen)
+
+
+async def test_the_cdi_spec_carries_each_groups_nodes_and_allocate_names_it(
+    host: UmockdevHost,
+    kubelet: KubeletSimulator,
+    daemon_for: Callable[..., Any],
+    kubelet_dir: Path,
+) -> None:
+    four_groups(host)
+    daemon = await daemon_for(SECTION)
+    x710 = await kubelet.wait_for_plugin(X710)
+    await x710.wait_for_update(lambda listed: len(listed) == 4)
+    async with asyncio.timeout(5):
+        while daemon.cdi_catalog.get(X710) is None:  # noqa: ASYNC110 - no event to await
+            await asyncio.sleep(0.01)
+
+    spec = json.loads((kubelet_dir.parent / "cdi" / "intel.com-x710.json").read_text())
+    assert spec["kind"] == X710
+    assert [d["name"] for d in spec["devices"]] == [A0, B, C, D]
+    edits = spec["devices"][0]["containerEdits"]
+    assert [n["path"] for n in edits["deviceNodes"]] == [n.host_path for n in GROUP_A_NODES]
+    # No env in the spec: CDI would set each device's PCI_RESOURCE_* in turn and the last
+    # group's addresses would win over the merged list that Allocate carries.
+    assert "env" not in edits
+    assert [n["path"] for n in spec["devices"][2]["containerEdits"]["deviceNodes"]] == [
+        "/dev/vfio/vfio",
+        "/dev/vfio/90",
+        "/dev/iommu",
+        "/dev/vfio/devices/vfio3",
+    ]
+
+    (answer,) = await x710.allocate([C, A0])
+    assert answer.cdi_devices == (f"{X710}={C}", f"{X710}={A0}")
+    assert dict(answer.env) == {VARIABLE: f"{C},{A0},{A1}"}
