@@ -79,3 +79,30 @@ def test_plain_scanners_scan_fully_on_events_and_widen_the_monitor_filter() -> N
     assert (result.full, result.incremental) == (1, 1)
     assert event_subsystems([incremental]) == frozenset({"misc"})
     assert event_subsystems([incremental, plain]) is None  # a plain scanner may need any event
+
+
+def test_a_report_section_named_resources_or_taken_twice_is_dropped() -> None:
+    import structlog
+
+    from devplug.daemon.scanning import ScanRunner
+    from devplug.model import DeviceTree as Tree
+    from devplug.scanners.udev import UdevSource as Source
+
+    class Reporting:
+        def __init__(self, name: str, sections: dict[str, object]) -> None:
+            self.name = name
+            self.sections = sections
+
+        def scan(self, source: Source) -> Tree:
+            return Tree()
+
+        def report(self) -> dict[str, object]:
+            return self.sections
+
+    first = Reporting("one", {"resources": ["bogus"], "found": [1]})
+    second = Reporting("two", {"found": [2], "other": [3]})
+    with structlog.testing.capture_logs() as logs:
+        result = ScanRunner([first, second]).scan_blocking()
+    assert result.extras == {"found": [1], "other": [3]}
+    clashes = [(e["scanner"], e["section"]) for e in logs if e["event"] == "scan.report.clash"]
+    assert clashes == [("one", "resources"), ("two", "found")]

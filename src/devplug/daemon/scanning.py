@@ -119,7 +119,12 @@ class ScanRunner:
         extras: dict[str, object] = {}
         for scanner in self.scanners:
             if isinstance(scanner, Reporter):
-                extras.update(scanner.report())
+                for section, content in scanner.report().items():
+                    if section == "resources" or section in extras:
+                        # "resources" lists only what is advertised; sections are one owner's.
+                        log.error("scan.report.clash", scanner=scanner.name, section=section)
+                        continue
+                    extras[section] = content
         return ScanResult(merged, owners, time.perf_counter() - started, full, incremental, extras)
 
     @staticmethod

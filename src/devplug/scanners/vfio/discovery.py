@@ -14,7 +14,8 @@ from dataclasses import dataclass
 
 from devplug.scanners.udev import UdevDevice, UdevSource
 
-PCI_ADDRESS = re.compile(r"[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]")
+# Domains are 4 hex digits, or more behind VMD (10000:...).
+PCI_ADDRESS = re.compile(r"[0-9a-f]{4,8}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]")
 _VFIO_DEV = re.compile(r"vfio[0-9]+")
 _GROUP = re.compile(r"[0-9]{1,9}")
 NOIOMMU_NAME = "vfio-noiommu"

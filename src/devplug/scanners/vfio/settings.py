@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from typing import Any, Literal
 
-from pydantic import ValidationError, field_validator
+from pydantic import StrictBool, ValidationError, field_validator
 
 from devplug.config import StrictModel, config_error
 from devplug.errors import ConfigError
@@ -53,9 +53,15 @@ class VfioSettings(StrictModel):
 
     drivers: tuple[str, ...] = ("vfio-pci",)
     mode: VfioMode = "auto"
-    allow_noiommu: bool = False
+    # Strict: a security switch takes true or false, not "yes" or "1".
+    allow_noiommu: StrictBool = False
     default_domain: str = "vfio.devplug.io"
     devices: tuple[VfioDeviceEntry, ...] = ()
+
+    @field_validator("devices", mode="before")
+    @classmethod
+    def _no_devices(cls, value: Any) -> Any:
+        return () if value is None else value
 
     @field_validator("drivers")
     @classmethod
