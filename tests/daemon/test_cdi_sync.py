@@ -831,15 +831,16 @@ async def test_a_spec_deleted_behind_the_daemons_back_is_written_again(
         settings(kubelet_dir, cdi_dir), [StaticScanner({SERIAL: devices(2)})]
     ) as daemon:
         await started(kubelet)
+        sync = daemon.cdi_sync
+        assert sync is not None
         await eventually(lambda: daemon.cdi_catalog.get(SERIAL) is not None)
         first = (cdi_dir / SERIAL_SPEC).read_bytes()
+        writes = sync.writes
         (cdi_dir / SERIAL_SPEC).unlink()
-        with structlog.testing.capture_logs() as logs:
-            await daemon.rescan()  # the periodic resync; nothing changed in the devices
-            await eventually(lambda: (cdi_dir / SERIAL_SPEC).exists())
+        await daemon.rescan()  # the periodic resync; nothing changed in the devices
+        # Counted once recorded on the loop (the file appears a moment before, in the thread).
+        await eventually(lambda: sync.writes > writes)
         assert (cdi_dir / SERIAL_SPEC).read_bytes() == first
-        # Rewritten by the verify of an unchanged map or by a rebuild (a resync makes new maps).
-        assert any(e["event"] in ("cdi.spec.rewritten", "cdi.spec.written") for e in logs)
 
 
 async def test_odd_files_in_the_cdi_dir_do_not_stop_the_daemon(
