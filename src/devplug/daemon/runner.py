@@ -27,6 +27,7 @@ from devplug.daemon.kubelet import KubeletDirWatcher
 from devplug.daemon.manager import Manager
 from devplug.daemon.scanning import ScanRunner, event_subsystems
 from devplug.daemon.server import DEFAULT_TIMING, ServerTiming
+from devplug.daemon.systemd import SystemdNotifier
 from devplug.model import DeviceTree
 from devplug.scanners.base import Scanner
 from devplug.scanners.udev import UdevEvent, UdevMonitor
@@ -44,8 +45,11 @@ class Daemon:
         monitor_opener: MonitorOpener = UdevMonitor,
         udev_control: Path = UDEV_CONTROL,
         freeze_gc: bool = False,
+        notifier: SystemdNotifier | None = None,
     ) -> None:
         self.settings = settings
+        # systemd's notify protocol (a no-op outside a Type=notify unit).
+        self.notifier = notifier if notifier is not None else SystemdNotifier()
         self.scan_runner = ScanRunner(scanners)
         self.watcher = KubeletDirWatcher(settings.kubelet_dir)
         self.timing = timing
@@ -106,9 +110,14 @@ class Daemon:
             cdi_task = None
             if self.cdi_sync is not None:
                 cdi_task = group.create_task(self.cdi_sync.run(), name="cdi-sync")
+            watchdog = group.create_task(self.notifier.watchdog(), name="systemd-watchdog")
+            ready = group.create_task(self._announce_ready(), name="systemd-ready")
             try:
                 await self.stop_requested.wait()
                 log.info("daemon.stopping")
+                self.notifier.notify("STOPPING=1", "STATUS=stopping")
+                ready.cancel()
+                watchdog.cancel()
                 # The scan loop first, so no scan applies a tree while servers shut down.
                 scan_loop.cancel()
                 await asyncio.wait({scan_loop})
@@ -120,7 +129,24 @@ class Daemon:
                     await self.cdi_sync.close()
             finally:
                 self.listener.close()
+                self.notifier.close()
         log.info("daemon.stopped")
+
+    async def _announce_ready(self) -> None:
+        """READY=1 once every resource of the first scan is registered with the kubelet."""
+        await self.first_scan_done.wait()
+        manager = self.manager
+        if manager is None:
+            return
+        servers = list(manager.servers.values())
+        if servers:
+            self.notifier.notify(f"STATUS=registering {len(servers)} resource(s) with the kubelet")
+            await asyncio.gather(*(server.registered.wait() for server in servers))
+            status = f"STATUS=serving {len(servers)} resource(s), all registered"
+        else:
+            status = "STATUS=no devices found; watching for them"
+        self.notifier.notify("READY=1", status)
+        log.info("daemon.ready", resources=len(servers))
 
     async def rescan(self) -> None:
         """Scan fully now and apply the result (tests, SIGHUP, the periodic resync)."""
