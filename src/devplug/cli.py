@@ -85,6 +85,16 @@ def build_parser() -> argparse.ArgumentParser:
         help="also delete specs this config's devplug wrote there before for resources the "
         "host no longer has",
     )
+    status = sub.add_parser(
+        "status", help="ask every device plugin in the kubelet dir what it serves (any vendor's)"
+    )
+    status.add_argument(
+        "--kubelet-dir",
+        type=Path,
+        help="device plugin dir (default $DEVPLUG_KUBELET_DIR or /var/lib/kubelet/device-plugins)",
+    )
+    status.add_argument("--output", "-o", choices=["table", "json"], default="table")
+    status.add_argument("--timeout", type=float, default=3.0, help="seconds per plugin")
     sub.add_parser("version", help="print the version")
     return parser
 
@@ -176,6 +186,48 @@ def _cdi_generate(
     return 0
 
 
+def _status(kubelet_dir: Path | None, output: str, timeout: float) -> int:
+    import json
+    from dataclasses import asdict
+
+    from devplug.config import DEFAULT_KUBELET_DIR
+    from devplug.daemon.status import probe_all
+
+    os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
+    directory = kubelet_dir or Path(os.environ.get("DEVPLUG_KUBELET_DIR") or DEFAULT_KUBELET_DIR)
+    try:
+        plugins = asyncio.run(probe_all(directory, timeout))
+    except OSError as exc:
+        print(f"devplug: cannot read {directory}: {exc.strerror or exc}", file=sys.stderr)
+        return 1
+    if output == "json":
+        document = {"kubelet_dir": str(directory), "plugins": [asdict(p) for p in plugins]}
+        sys.stdout.write(json.dumps(document, indent=2) + "\n")
+        return 0
+    if not plugins:
+        print(f"no device plugin sockets in {directory}")
+        return 0
+    rows = [("SOCKET", "RESOURCE", "HEALTHY", "UNHEALTHY", "NUMA", "STATUS")]
+    for plugin in plugins:
+        state = plugin.error or "serving"
+        numa = ",".join(map(str, plugin.numa_nodes)) or "-"
+        rows.append(
+            (
+                plugin.socket,
+                plugin.resource or "-",
+                str(plugin.healthy) if plugin.error is None else "-",
+                str(plugin.unhealthy) if plugin.error is None else "-",
+                numa,
+                state,
+            )
+        )
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]) - 1)]
+    for row in rows:
+        cells = [cell.ljust(width) for cell, width in zip(row[:-1], widths, strict=True)]
+        print("  ".join([*cells, row[-1]]).rstrip())
+    return 0
+
+
 def _run(settings: Settings, scanners: Sequence[Scanner]) -> int:
     # grpc's C core logs to stderr on its own; keep its informational lines out of our JSON.
     os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
@@ -227,6 +279,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "version":
         print(f"devplug {__version__}")
         return 0
+    if args.command == "status":
+        return _status(args.kubelet_dir, args.output, args.timeout)
     try:
         settings, scanners = _prepare(args)
     except ConfigError as exc:
