@@ -9,7 +9,7 @@ import argparse
 import asyncio
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import structlog
@@ -228,13 +228,18 @@ def _status(kubelet_dir: Path | None, output: str, timeout: float) -> int:
     return 0
 
 
-def _run(settings: Settings, scanners: Sequence[Scanner]) -> int:
+def _run(
+    settings: Settings,
+    scanners: Sequence[Scanner],
+    reload_config: Callable[[], tuple[Settings, Sequence[Scanner]]] | None = None,
+) -> int:
     # grpc's C core logs to stderr on its own; keep its informational lines out of our JSON.
     os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
     from devplug.daemon.runner import Daemon, run_until_signalled
 
     async def main() -> None:
-        await run_until_signalled(Daemon(settings, scanners, freeze_gc=True))
+        daemon = Daemon(settings, scanners, freeze_gc=True, config_loader=reload_config)
+        await run_until_signalled(daemon)
 
     try:
         asyncio.run(main())
@@ -297,7 +302,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _cdi_generate(settings, scanners, args.output_dir, args.stdout, args.prune)
     if args.command == "scan" or args.dry_run:
         return _scan(scanners, args.output)
-    return _run(settings, scanners)
+
+    def reload_config() -> tuple[Settings, Sequence[Scanner]]:
+        """SIGHUP: the same file, flags and environment, read again and validated."""
+        fresh = _settings(args)
+        built = build_scanners(fresh.scanners)
+        if not built:
+            raise ConfigError("scanners", "no scanner configured")
+        return fresh, built
+
+    return _run(settings, scanners, reload_config)
 
 
 if __name__ == "__main__":

@@ -13,7 +13,7 @@ import asyncio
 import contextlib
 import gc
 import signal
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 import structlog
@@ -28,11 +28,15 @@ from devplug.daemon.manager import Manager
 from devplug.daemon.scanning import ScanRunner, event_subsystems
 from devplug.daemon.server import DEFAULT_TIMING, ServerTiming
 from devplug.daemon.systemd import SystemdNotifier
+from devplug.errors import ConfigError
 from devplug.model import DeviceTree
 from devplug.scanners.base import Scanner
 from devplug.scanners.udev import UdevEvent, UdevMonitor
 
 log = structlog.get_logger("devplug.daemon")
+
+# Reads and validates the config file again: (settings, their scanners), or ConfigError.
+ConfigLoader = Callable[[], tuple[Settings, Sequence[Scanner]]]
 
 
 class Daemon:
@@ -46,10 +50,15 @@ class Daemon:
         udev_control: Path = UDEV_CONTROL,
         freeze_gc: bool = False,
         notifier: SystemdNotifier | None = None,
+        config_loader: ConfigLoader | None = None,
     ) -> None:
         self.settings = settings
         # systemd's notify protocol (a no-op outside a Type=notify unit).
         self.notifier = notifier if notifier is not None else SystemdNotifier()
+        # Reads and validates the config again on SIGHUP (None: SIGHUP only rescans).
+        self._config_loader = config_loader
+        self._reload_requested = False
+        self.reloads = 0
         self.scan_runner = ScanRunner(scanners)
         self.watcher = KubeletDirWatcher(settings.kubelet_dir)
         self.timing = timing
@@ -60,6 +69,7 @@ class Daemon:
         self.health = HealthGate(hotplug.health_hold_down_s)
         # gc.freeze() is process-wide: the daemon's own process asks for it (cli), tests don't.
         self.freeze_gc = freeze_gc
+        self._udev_control = udev_control
         self.listener = UeventListener(
             choose_source(hotplug.source, udev_control),
             event_subsystems(scanners),
@@ -85,6 +95,11 @@ class Daemon:
 
     def request_stop(self) -> None:
         self.stop_requested.set()
+
+    def request_reload(self) -> None:
+        """SIGHUP: read the config again (keeping the running one if it is wrong), rescan."""
+        self._reload_requested = True
+        self.request_scan()
 
     def request_scan(self) -> None:
         """Ask the scan loop for a full scan now (SIGHUP); returns at once."""
@@ -177,6 +192,45 @@ class Daemon:
         if self.cdi_sync is not None:
             self.cdi_sync.submit(tree)
 
+    async def _reload(self) -> None:
+        """Apply a new config's scanners and hotplug settings; the next scan makes resources
+        follow. Settings a running daemon cannot change are reported, not applied."""
+        if self._config_loader is None:
+            return
+        try:
+            settings, scanners = await asyncio.to_thread(self._config_loader)
+        except ConfigError as exc:
+            log.error(
+                "config.reload.refused",
+                field=exc.field,
+                reason=exc.message,
+                kept="the running configuration",
+            )
+            return
+        except Exception:
+            log.exception("config.reload.failed", kept="the running configuration")
+            return
+        fixed = [
+            name
+            for name in ("kubelet_dir", "cdi", "log_format", "log_level")
+            if getattr(settings, name) != getattr(self.settings, name)
+        ]
+        if fixed:
+            log.warning("config.reload.needs_restart", settings=fixed, applied=False)
+        kept = {name: getattr(self.settings, name) for name in fixed}
+        self.settings = settings.model_copy(update=kept)
+        self.scan_runner = ScanRunner(scanners)
+        self.health = HealthGate(self.settings.hotplug.health_hold_down_s)
+        subsystems = event_subsystems(scanners)
+        source = choose_source(self.settings.hotplug.source, self._udev_control)
+        if (subsystems, source) != (self.listener.subsystems, self.listener.source):
+            # Close then open before the full scan that follows: nothing is missed for good.
+            self.listener.close()
+            self.listener.subsystems, self.listener.source = subsystems, source
+            self.listener.open()
+        self.reloads += 1
+        log.info("config.reloaded", scanners=[s.name for s in scanners], restart_needed=fixed)
+
     def _resync_period(self) -> float:
         hotplug = self.settings.hotplug
         return hotplug.resync_s if self.listener.active else hotplug.poll_s
@@ -212,6 +266,9 @@ class Daemon:
                 await asyncio.sleep(coalesce_s)
             self._wake.clear()
             batch = self.listener.take()
+            if self._reload_requested:
+                self._reload_requested = False
+                await self._reload()
             if self._full_scan_requested or batch.overflowed or loop.time() >= next_full:
                 self._full_scan_requested = False
                 if not self.listener.active and loop.time() >= next_full:
@@ -227,11 +284,11 @@ class Daemon:
 
 
 async def run_until_signalled(daemon: Daemon) -> None:
-    """Run the daemon; SIGTERM/SIGINT stop it, SIGHUP rescans."""
+    """Run the daemon; SIGTERM/SIGINT stop it, SIGHUP reloads the config and rescans."""
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, daemon.request_stop)
-    loop.add_signal_handler(signal.SIGHUP, daemon.request_scan)
+    loop.add_signal_handler(signal.SIGHUP, daemon.request_reload)
     try:
         await daemon.run()
     finally:

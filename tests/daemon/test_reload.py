@@ -1,0 +1,120 @@
+"""SIGHUP reloads the config: a good one is applied (resources follow), a bad one is refused
+with the field and the daemon goes on with the running one."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+from collections.abc import Sequence
+from pathlib import Path
+
+import structlog
+
+from devplug.config import Settings
+from devplug.errors import ConfigError
+from devplug.model import DeviceInfo, DeviceNode
+from devplug.scanners.base import Scanner
+from devplug.testing import KubeletSimulator, daemon_process, daemon_settings, running_daemon
+from devplug.testing.harness import StaticScanner
+
+OLD = "example.com/old"
+NEW = "example.com/new"
+
+
+def one_device(resource: str) -> StaticScanner:
+    return StaticScanner({resource: {"dev0": DeviceInfo(nodes=(DeviceNode("/dev/null"),))}})
+
+
+async def eventually_true(condition: object, timeout: float = 10.0) -> None:
+    assert callable(condition)
+    async with asyncio.timeout(timeout):
+        while not condition():  # noqa: ASYNC110 - the daemon exposes counters, not events
+            await asyncio.sleep(0.01)
+
+
+async def test_a_good_config_is_applied_and_a_bad_one_refused(
+    kubelet: KubeletSimulator, kubelet_dir: Path
+) -> None:
+    settings = daemon_settings(kubelet_dir)
+    answers: list[tuple[Settings, Sequence[Scanner]] | ConfigError] = [
+        ConfigError("scanners.generic[0].resource", "invalid resource name 'Serial'"),
+        (settings, [one_device(NEW)]),
+        (daemon_settings(kubelet_dir.parent / "elsewhere"), [one_device(NEW)]),
+    ]
+
+    def loader() -> tuple[Settings, Sequence[Scanner]]:
+        answer = answers.pop(0)
+        if isinstance(answer, ConfigError):
+            raise answer
+        return answer
+
+    async with running_daemon(settings, [one_device(OLD)]) as daemon:
+        daemon._config_loader = loader
+        old = await kubelet.wait_for_plugin(OLD)
+        await old.wait_for_update(lambda listed: set(listed) == {"dev0"})
+
+        with structlog.testing.capture_logs() as logs:
+            daemon.request_reload()
+            await eventually_true(lambda: len(answers) == 2)  # the refused one was read
+            await daemon.rescan()
+        (refused,) = [e for e in logs if e["event"] == "config.reload.refused"]
+        assert refused["field"] == "scanners.generic[0].resource"
+        assert refused["log_level"] == "error" and daemon.reloads == 0
+        assert set(old.latest) == {"dev0"}  # still served
+        assert (await old.allocate(["dev0"]))[0].nodes[0].host_path == "/dev/null"
+
+        daemon.request_reload()
+        new = await kubelet.wait_for_plugin(NEW)
+        await new.wait_for_update(lambda listed: set(listed) == {"dev0"})
+        await old.wait_for_update(lambda listed: listed == {})  # capacity drops at once
+        assert daemon.reloads == 1
+        assert daemon.manager is not None and set(daemon.manager.servers) == {NEW}
+
+        with structlog.testing.capture_logs() as logs:
+            daemon.request_reload()
+            await eventually_true(lambda: daemon.reloads == 2)
+        (warning,) = [e for e in logs if e["event"] == "config.reload.needs_restart"]
+        assert warning["settings"] == ["kubelet_dir"]
+        assert daemon.settings.kubelet_dir == kubelet_dir  # not applied while running
+
+
+async def test_sighup_reloads_the_config_file_of_devplug_run(
+    kubelet: KubeletSimulator, kubelet_dir: Path, short_dir: Path
+) -> None:
+    config = short_dir / "config.yaml"
+
+    def replace(text: str) -> None:
+        # As editors and config management do: a reader never sees half a file.
+        temp = config.with_suffix(".tmp")
+        temp.write_text(text)
+        temp.replace(config)
+
+    def write(resource: str) -> None:
+        replace(
+            "hotplug: {source: none, poll_s: 3600, resync_s: 3600}\n"
+            "scanners:\n  generic:\n"
+            f"    - {{resource: {resource}, match: {{subsystem: mem, devnode: /dev/null}}}}\n"
+        )
+
+    write(OLD)
+    async with daemon_process(config, kubelet_dir) as process:
+        old = await kubelet.wait_for_plugin(OLD)
+        await old.wait_for_update(lambda listed: set(listed) == {"null"})
+
+        replace("scanners:\n  generic:\n    - {resource: Serial, match: {subsystem: mem}}\n")
+        process.send_signal(signal.SIGHUP)
+        write(NEW)  # a later, good edit
+        process.send_signal(signal.SIGHUP)
+        new = await kubelet.wait_for_plugin(NEW)
+        await new.wait_for_update(lambda listed: set(listed) == {"null"})
+        await old.wait_for_update(lambda listed: listed == {})
+        process.terminate()
+        _, err = await asyncio.wait_for(process.communicate(), 30)
+    events = [json.loads(line) for line in err.decode().splitlines() if line.startswith("{")]
+    names = [e["event"] for e in events]
+    assert "config.reloaded" in names
+    refused = [e for e in events if e["event"] == "config.reload.refused"]
+    # The two signals may be handled as one reload of the good file; a refusal, when the bad
+    # file was read, names the field.
+    assert all(e["field"] == "scanners.generic[0].resource" for e in refused), refused
