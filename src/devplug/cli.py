@@ -49,6 +49,11 @@ def _common_options() -> argparse.ArgumentParser:
         help="default: console on a terminal, json otherwise",
     )
     group.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
+    group.add_argument(
+        "--metrics-address",
+        metavar="HOST:PORT",
+        help="serve /metrics, /healthz and /readyz here (default: off)",
+    )
     return common
 
 
@@ -108,6 +113,7 @@ def _settings(args: argparse.Namespace) -> Settings:
         "cdi_dir": args.cdi_dir,
         "log_format": args.log_format,
         "log_level": args.log_level,
+        "metrics_address": args.metrics_address,
     }
     return load_settings(config, flags, args.scanner)
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import difflib
 import os
+import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
@@ -107,14 +108,37 @@ class CdiSettings(StrictModel):
         return value
 
 
+_ADDRESS = re.compile(
+    r"^(?:\[(?P<v6>[0-9A-Fa-f:.]+)\]|(?P<host>[A-Za-z0-9.-]*)):(?P<port>[0-9]{1,5})\Z"
+)
+
+
+def parse_address(value: str) -> tuple[str, int]:
+    """``HOST:PORT`` (``[::1]:9400`` for IPv6; an empty host means every address)."""
+    match = _ADDRESS.match(value)
+    if match is None or int(match["port"]) > 65535:
+        raise ValueError(f"want HOST:PORT, e.g. 127.0.0.1:9400 or [::]:9400; got {value!r}")
+    host = match["v6"] if match["v6"] is not None else (match["host"] or "0.0.0.0")
+    return host, int(match["port"])
+
+
 class Settings(StrictModel):
     kubelet_dir: Path = DEFAULT_KUBELET_DIR
     cdi: CdiSettings = CdiSettings()
+    # Where /metrics, /healthz and /readyz are served; None: not at all.
+    metrics_address: str | None = None
     log_format: LogFormat | None = None
     log_level: LogLevel = "info"
     hotplug: HotplugSettings = HotplugSettings()
     # scanner name -> its raw section; validated by devplug.scanners.registry.
     scanners: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("metrics_address")
+    @classmethod
+    def _host_port(cls, value: str | None) -> str | None:
+        if value is not None:
+            parse_address(value)
+        return value
 
     @field_validator("kubelet_dir")
     @classmethod
@@ -125,7 +149,7 @@ class Settings(StrictModel):
 
 
 # Flags and environment variables that map onto top-level settings.
-SCALAR_KEYS = ("kubelet_dir", "cdi_dir", "log_format", "log_level")
+SCALAR_KEYS = ("kubelet_dir", "cdi_dir", "log_format", "log_level", "metrics_address")
 
 
 def _join(location: Sequence[int | str]) -> str:

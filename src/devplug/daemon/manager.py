@@ -17,6 +17,7 @@ import structlog
 
 from devplug.daemon.cdi_allocation import CdiOptions
 from devplug.daemon.kubelet import KubeletDirWatcher
+from devplug.daemon.metrics import Metrics
 from devplug.daemon.notifier import diff
 from devplug.daemon.server import DEFAULT_TIMING, ResourceServer, ServerTiming
 from devplug.model import DeviceTree
@@ -38,9 +39,11 @@ class Manager:
         task_group: asyncio.TaskGroup,
         timing: ServerTiming = DEFAULT_TIMING,
         cdi: CdiOptions | None = None,
+        metrics: Metrics | None = None,
     ) -> None:
         self.kubelet_dir = kubelet_dir
         self.cdi = cdi
+        self.metrics = metrics
         self.watcher = watcher
         self.timing = timing
         self._task_group = task_group
@@ -77,6 +80,7 @@ class Manager:
                 watcher=self.watcher,
                 timing=self.timing,
                 cdi=self.cdi,
+                metrics=self.metrics,
             )
             task = self._task_group.create_task(server.run(), name=f"server:{name}")
             self._running[name] = _Running(server, task)

@@ -18,13 +18,15 @@ from pathlib import Path
 
 import structlog
 
-from devplug.config import Settings
+from devplug.config import Settings, parse_address
 from devplug.daemon.cdi_allocation import CdiOptions
 from devplug.daemon.cdi_sync import CdiCatalog, CdiSync, default_instance
 from devplug.daemon.events import UDEV_CONTROL, MonitorOpener, UeventListener, choose_source
 from devplug.daemon.health import HealthGate
+from devplug.daemon.http import StatusEndpoint
 from devplug.daemon.kubelet import KubeletDirWatcher
 from devplug.daemon.manager import Manager
+from devplug.daemon.metrics import Metrics
 from devplug.daemon.scanning import ScanRunner, event_subsystems
 from devplug.daemon.server import DEFAULT_TIMING, ServerTiming
 from devplug.daemon.systemd import SystemdNotifier
@@ -55,6 +57,8 @@ class Daemon:
         self.settings = settings
         # systemd's notify protocol (a no-op outside a Type=notify unit).
         self.notifier = notifier if notifier is not None else SystemdNotifier()
+        self.metrics = Metrics()
+        self.http: StatusEndpoint | None = None
         # Reads and validates the config again on SIGHUP (None: SIGHUP only rescans).
         self._config_loader = config_loader
         self._reload_requested = False
@@ -117,7 +121,12 @@ class Daemon:
         )
         async with asyncio.TaskGroup() as group:
             manager = Manager(
-                self.settings.kubelet_dir, self.watcher, group, self.timing, self._cdi_options
+                self.settings.kubelet_dir,
+                self.watcher,
+                group,
+                self.timing,
+                self._cdi_options,
+                self.metrics,
             )
             self.manager = manager
             watcher = group.create_task(self.watcher.run(), name="kubelet-watcher")
@@ -126,6 +135,20 @@ class Daemon:
             if self.cdi_sync is not None:
                 cdi_task = group.create_task(self.cdi_sync.run(), name="cdi-sync")
             watchdog = group.create_task(self.notifier.watchdog(), name="systemd-watchdog")
+            if self.settings.metrics_address is not None:
+                host, port = parse_address(self.settings.metrics_address)
+                endpoint = StatusEndpoint(host, port, self.metrics.exposition, self.not_ready)
+                try:
+                    await endpoint.start()
+                    self.http = endpoint
+                except OSError as exc:
+                    # Devices matter more than their metrics: serve on without the endpoint.
+                    log.error(
+                        "http.unavailable",
+                        address=self.settings.metrics_address,
+                        reason=exc.strerror or str(exc),
+                        fix="choose a free metrics_address, or leave it unset",
+                    )
             ready = group.create_task(self._announce_ready(), name="systemd-ready")
             try:
                 await self.stop_requested.wait()
@@ -145,7 +168,20 @@ class Daemon:
             finally:
                 self.listener.close()
                 self.notifier.close()
+                if self.http is not None:
+                    await self.http.close()
         log.info("daemon.stopped")
+
+    def not_ready(self) -> list[str]:
+        """What keeps the daemon from being ready: empty once the first scan is done and every
+        advertised resource is registered with the kubelet (/readyz)."""
+        if not self.first_scan_done.is_set() or self.manager is None:
+            return ["the first scan"]
+        return sorted(
+            f"{name} (not registered)"
+            for name, server in self.manager.servers.items()
+            if not server.registered.is_set()
+        )
 
     async def _announce_ready(self) -> None:
         """READY=1 once every resource of the first scan is registered with the kubelet."""
@@ -174,6 +210,8 @@ class Daemon:
             result = await self.scan_runner.scan(events)
             self.full_scans += result.full
             self.incremental_scans += result.incremental
+            kind = "incremental" if result.full == 0 and result.incremental else "full"
+            self.metrics.scan_seconds.labels(kind).observe(result.duration_s)
             self._raw, self._owners = result.tree, result.owners
             await self._publish(self.health.gate(self._raw))
 
@@ -189,6 +227,7 @@ class Daemon:
         if self.manager is None:
             raise RuntimeError("the daemon is not running")
         await self.manager.apply(tree, self._owners)
+        self.metrics.set_devices(tree)
         if self.cdi_sync is not None:
             self.cdi_sync.submit(tree)
 
@@ -266,6 +305,9 @@ class Daemon:
                 await asyncio.sleep(coalesce_s)
             self._wake.clear()
             batch = self.listener.take()
+            self.metrics.udev_events.inc(len(batch.events))
+            if batch.overflowed:
+                self.metrics.udev_overflows.inc()
             if self._reload_requested:
                 self._reload_requested = False
                 await self._reload()

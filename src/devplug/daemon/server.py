@@ -38,6 +38,7 @@ from devplug.daemon.kubelet import (
     RegistrationError,
     register,
 )
+from devplug.daemon.metrics import Metrics
 from devplug.daemon.servicer import DevicePluginServicer
 from devplug.daemon.values import LatestValue
 from devplug.errors import ConfigError
@@ -135,14 +136,16 @@ class ResourceServer:
         watcher: KubeletDirWatcher,
         timing: ServerTiming = DEFAULT_TIMING,
         cdi: CdiOptions | None = None,
+        metrics: Metrics | None = None,
     ) -> None:
         self.resource = resource
+        self.metrics = metrics
         self.kubelet_dir = kubelet_dir
         self.socket_path = socket_path_for(kubelet_dir, resource)
         self.watcher = watcher
         self.timing = timing
         self.devices: LatestValue[Mapping[str, DeviceInfo]] = LatestValue(devices)
-        self.servicer = DevicePluginServicer(resource, self.devices, hooks, cdi)
+        self.servicer = DevicePluginServicer(resource, self.devices, hooks, cdi, metrics)
         self.registered = asyncio.Event()
         self.registrations = 0
         self._grpc: grpc.aio.Server | None = None
@@ -171,9 +174,11 @@ class ResourceServer:
                 if self._kubelet is not None:
                     if not self._own_socket_ok():
                         self._log.info("kubelet.restart.detected", reason="own socket removed")
+                        self._count_restart()
                         self._set_unregistered()
                     elif kubelet != self._kubelet:
                         self._log.info("kubelet.restart.detected", reason="kubelet.sock replaced")
+                        self._count_restart()
                         self._set_unregistered()
                 if self._kubelet is None and self.kubelet_dir.is_dir():
                     # (A missing dir is logged once by the watcher, which wakes us when it is back.)
@@ -222,6 +227,10 @@ class ResourceServer:
 
     def _own_socket_ok(self) -> bool:
         return self._grpc is not None and FileIdentity.of(self.socket_path) == self._own
+
+    def _count_restart(self) -> None:
+        if self.metrics is not None:
+            self.metrics.kubelet_restarts.labels(self.resource).inc()
 
     def _set_unregistered(self) -> None:
         self._kubelet = None
@@ -311,10 +320,14 @@ class ResourceServer:
         except RegistrationError as exc:
             level = self._log.warning if exc.retryable else self._log.error
             level("kubelet.register.failed", error=str(exc))
+            if self.metrics is not None:
+                self.metrics.registrations.labels(self.resource, "failed").inc()
             return False
         self._kubelet = kubelet
         self.registrations += 1
         self.registered.set()
+        if self.metrics is not None:
+            self.metrics.registrations.labels(self.resource, "ok").inc()
         self._log.info(
             "kubelet.register.complete", ms=round((time.perf_counter() - started) * 1000, 1)
         )

@@ -22,6 +22,7 @@ from devplug._proto import deviceplugin_v1beta1_pb2_grpc as pb_grpc
 from devplug.daemon.allocation import check_request, default_allocation, default_preferred
 from devplug.daemon.cdi_allocation import CdiOptions, with_cdi
 from devplug.daemon.convert import ListMessageBuilder, container_response
+from devplug.daemon.metrics import Metrics
 from devplug.daemon.values import LatestValue
 from devplug.errors import AllocationError
 from devplug.model import ContainerAllocation, DeviceInfo
@@ -73,9 +74,11 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
         devices: LatestValue[DeviceMap],
         hooks: object | None,
         cdi: CdiOptions | None = None,
+        metrics: Metrics | None = None,
     ) -> None:
         self.resource = resource
         self.cdi = cdi
+        self.metrics = metrics
         self.devices = devices
         self.hooks = hooks
         self.options = plugin_options(hooks)
@@ -127,7 +130,12 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
 
     def _list_message(self, devices: DeviceMap) -> pb.ListAndWatchResponse:
         if self._listed is None or self._listed[0] is not devices:
-            self._listed = (devices, self._list_builder.build(devices))
+            message = self._list_builder.build(devices)
+            if self.metrics is not None and (
+                self._listed is None or message is not self._listed[1]
+            ):
+                self.metrics.list_bytes.labels(self.resource).set(message.ByteSize())
+            self._listed = (devices, message)
         return self._listed[1]
 
     async def Allocate(
@@ -138,6 +146,8 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
         requests = [list(c.devices_ids) for c in request.container_requests]
         async with self._answering(context, "allocate"):
             responses = await self._allocate(requests, self.devices.value)
+        if self.metrics is not None:
+            self.metrics.allocations.labels(self.resource, "ok").inc()
         self._log.info("allocate.complete", devices=_loggable(requests))
         return pb.AllocateResponse(container_responses=responses)
 
@@ -264,10 +274,16 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
             yield
         except AllocationError as exc:
             self._log.warning(f"{rpc}.refused", reason=str(exc))
+            self._count(rpc, exc.kind)
             await context.abort(_STATUS.get(exc.kind, grpc.StatusCode.INVALID_ARGUMENT), str(exc))
         except Exception:
             self._log.exception(f"{rpc}.failed")
+            self._count(rpc, "error")
             await context.abort(grpc.StatusCode.INTERNAL, f"{self.resource}: {rpc} failed")
+
+    def _count(self, rpc: str, result: str) -> None:
+        if self.metrics is not None and rpc == "allocate":
+            self.metrics.allocations.labels(self.resource, result).inc()
 
 
 def _check_count(answers: Sequence[object], requests: Sequence[object]) -> None:

@@ -1,0 +1,95 @@
+"""A small HTTP endpoint on the event loop: ``/metrics``, ``/healthz``, ``/readyz``.
+
+prometheus_client's own server runs in threads; devplug keeps to one event loop, so this
+serves GET and HEAD of three fixed paths with asyncio streams. ``/healthz`` answers when the
+loop does (the handler runs on it); ``/readyz`` is 200 once every advertised resource is
+registered with the kubelet, 503 with the missing ones otherwise.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Callable
+
+import structlog
+from prometheus_client import CONTENT_TYPE_LATEST
+
+log = structlog.get_logger("devplug.http")
+
+MAX_HEADER_BYTES = 8192
+READ_TIMEOUT_S = 5.0
+
+
+class StatusEndpoint:
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        metrics: Callable[[], bytes],
+        not_ready: Callable[[], list[str]],
+    ) -> None:
+        self.host, self.port = host, port
+        self._metrics = metrics
+        self._not_ready = not_ready
+        self._server: asyncio.Server | None = None
+
+    async def start(self) -> None:
+        self._server = await asyncio.start_server(
+            self._handle, self.host, self.port, limit=MAX_HEADER_BYTES
+        )
+        sockets = self._server.sockets
+        if sockets and self.port == 0:
+            self.port = sockets[0].getsockname()[1]  # the one the OS chose (tests)
+        log.info("http.listening", address=f"{self.host}:{self.port}")
+
+    async def close(self) -> None:
+        if self._server is not None:
+            self._server.close()
+            await self._server.wait_closed()
+            self._server = None
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            async with asyncio.timeout(READ_TIMEOUT_S):
+                request = await reader.readuntil(b"\r\n\r\n")
+            method, path = _request_line(request)
+            status, content_type, body = self._answer(method, path)
+            head = (
+                f"HTTP/1.1 {status}\r\nContent-Type: {content_type}\r\n"
+                f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
+            ).encode()
+            writer.write(head if method == "HEAD" else head + body)
+            await writer.drain()
+        except (TimeoutError, asyncio.IncompleteReadError, asyncio.LimitOverrunError):
+            pass  # a client that sends nothing sensible gets nothing
+        except ConnectionError:
+            pass
+        finally:
+            writer.close()
+            with contextlib.suppress(ConnectionError):
+                await writer.wait_closed()
+
+    def _answer(self, method: str, path: str) -> tuple[str, str, bytes]:
+        if method not in ("GET", "HEAD"):
+            return "405 Method Not Allowed", "text/plain; charset=utf-8", b"GET or HEAD only\n"
+        path = path.split("?", 1)[0]
+        if path == "/metrics":
+            return "200 OK", CONTENT_TYPE_LATEST, self._metrics()
+        if path == "/healthz":
+            return "200 OK", "text/plain; charset=utf-8", b"ok\n"
+        if path == "/readyz":
+            missing = self._not_ready()
+            if not missing:
+                return "200 OK", "text/plain; charset=utf-8", b"ready\n"
+            text = "not ready: " + ", ".join(missing) + "\n"
+            return "503 Service Unavailable", "text/plain; charset=utf-8", text.encode()
+        return "404 Not Found", "text/plain; charset=utf-8", b"/metrics, /healthz or /readyz\n"
+
+
+def _request_line(request: bytes) -> tuple[str, str]:
+    first = request.split(b"\r\n", 1)[0].decode("latin-1")
+    parts = first.split(" ")
+    if len(parts) != 3 or not parts[2].startswith("HTTP/"):
+        return "", ""
+    return parts[0], parts[1]

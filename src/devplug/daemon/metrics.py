@@ -1,0 +1,81 @@
+"""Prometheus metrics of one daemon (its own registry, so tests and several daemons in one
+process do not mix their numbers). Exposition is prometheus_client's."""
+
+from __future__ import annotations
+
+from collections import Counter as Tally
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+from devplug.model import DeviceTree
+
+# Scans take from about a millisecond (one device's rescan) to seconds (10,000 GPUs).
+_SCAN_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+
+
+class Metrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.devices = Gauge(
+            "devplug_devices",
+            "Devices advertised to the kubelet, by resource and health.",
+            ["resource", "health"],
+            registry=r,
+        )
+        self.allocations = Counter(
+            "devplug_allocations",
+            "Allocate calls, by resource and result (ok, not_found, invalid, error).",
+            ["resource", "result"],
+            registry=r,
+        )
+        self.registrations = Counter(
+            "devplug_registrations",
+            "Register calls to the kubelet, by resource and result (ok, failed).",
+            ["resource", "result"],
+            registry=r,
+        )
+        self.kubelet_restarts = Counter(
+            "devplug_kubelet_restarts",
+            "Kubelet restarts seen (a resource's server had to register again).",
+            ["resource"],
+            registry=r,
+        )
+        self.scan_seconds = Histogram(
+            "devplug_scan_duration_seconds",
+            "Duration of scans, by kind (full, incremental).",
+            ["kind"],
+            buckets=_SCAN_BUCKETS,
+            registry=r,
+        )
+        self.udev_events = Counter(
+            "devplug_udev_events", "udev events handled (after batching per device).", registry=r
+        )
+        self.udev_overflows = Counter(
+            "devplug_udev_overflows",
+            "Times the kernel dropped udev events for devplug (ENOBUFS); each caused a full scan.",
+            registry=r,
+        )
+        self.list_bytes = Gauge(
+            "devplug_listandwatch_message_bytes",
+            "Size of the last ListAndWatch message, by resource (the kubelet reads up to 4 MiB).",
+            ["resource"],
+            registry=r,
+        )
+        self._device_labels: set[tuple[str, str]] = set()
+
+    def set_devices(self, tree: DeviceTree) -> None:
+        """The devices gauge follows the advertised tree; resources that went read 0."""
+        counts = Tally(
+            (resource, str(info.health))
+            for resource, devices in tree.items()
+            for info in devices.values()
+        )
+        for labels in self._device_labels - counts.keys():
+            self.devices.labels(*labels).set(0)
+        for labels, count in counts.items():
+            self.devices.labels(*labels).set(count)
+        self._device_labels |= counts.keys()
+
+    def exposition(self) -> bytes:
+        return generate_latest(self.registry)
