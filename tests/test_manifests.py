@@ -79,3 +79,26 @@ def test_the_daemonset_runs_with_least_privilege() -> None:
     assert container["readinessProbe"]["httpGet"]["path"] == "/readyz"
     assert "--metrics-address=:9400" in container["args"]
     assert container["resources"]["limits"]["memory"] and container["resources"]["requests"]
+
+
+def test_the_dockerfile_is_clean_under_hadolint_at_warning_level() -> None:
+    import shutil
+    import subprocess
+    import sys
+
+    hadolint = shutil.which("hadolint") or str(Path(sys.executable).with_name("hadolint"))
+    result = subprocess.run(
+        [hadolint, "--no-color", "--failure-threshold", "warning", str(ROOT / "Dockerfile")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_the_image_is_multi_stage_and_runs_devplug() -> None:
+    text = (ROOT / "Dockerfile").read_text()
+    stages = [line for line in text.splitlines() if line.startswith("FROM ")]
+    assert len(stages) == 2 and stages[0].endswith(" AS build")
+    assert "libudev1" in text and 'ENTRYPOINT ["devplug"]' in text
