@@ -53,6 +53,8 @@ async def kubelet(kubelet_dir: Path) -> AsyncIterator[KubeletSimulator]:
 @pytest.fixture
 def host(short_dir: Path) -> Iterator[UmockdevHost]:
     """An empty umockdev testbed, active in this process for the test's duration."""
+    if not preload_active():
+        pytest.skip("needs umockdev's preload (run under umockdev-wrapper)")
     testbed = UmockdevHost(short_dir / "testbed")
     with testbed.activated():
         yield testbed

@@ -1,4 +1,4 @@
-"""Command line: ``devplug run | scan | version``.
+"""Command line: ``devplug run | scan | cdi generate | status | version``.
 
 Exit status: 0 success, 2 bad usage or configuration (nothing was served), 1 anything else.
 """

@@ -118,3 +118,30 @@ async def test_sighup_reloads_the_config_file_of_devplug_run(
     # The two signals may be handled as one reload of the good file; a refusal, when the bad
     # file was read, names the field.
     assert all(e["field"] == "scanners.generic[0].resource" for e in refused), refused
+
+
+async def test_a_config_the_host_cannot_be_served_with_is_refused_not_fatal(
+    kubelet: KubeletSimulator, kubelet_dir: Path, host: object
+) -> None:
+    """A reload whose scanners refuse the host (Intel GPUs whose lists would pass the
+    kubelet's 4 MiB) is refused like a bad file; the daemon does not stop."""
+    from devplug.scanners.intel_gpu import IntelGpuScanner, IntelGpuSettings
+    from devplug.scanners.intel_gpu.settings import max_shares_per_gpu
+    from devplug.testing.umockdev import UmockdevHost, add_intel_gpu
+
+    assert isinstance(host, UmockdevHost)
+    for index in range(3):
+        add_intel_gpu(host, f"0000:0{index + 3}:00.0", card=index, render=128 + index)
+    settings = daemon_settings(kubelet_dir)
+    too_many = IntelGpuScanner(IntelGpuSettings(shared_dev_num=max_shares_per_gpu(2)))
+    async with running_daemon(settings, [one_device(OLD)]) as daemon:
+        daemon._config_loader = lambda: (settings, [too_many])
+        old = await kubelet.wait_for_plugin(OLD)
+        await old.wait_for_update()
+        with structlog.testing.capture_logs() as logs:
+            daemon.request_reload()
+            await eventually_true(lambda: any(e["event"] == "config.reload.refused" for e in logs))
+        (refused,) = [e for e in logs if e["event"] == "config.reload.refused"]
+        assert refused["field"] == "scanners.intel_gpu.shared_dev_num"
+        assert daemon.reloads == 0
+        assert (await old.allocate(["dev0"]))[0].nodes[0].host_path == "/dev/null"

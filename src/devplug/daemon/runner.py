@@ -251,15 +251,30 @@ class Daemon:
             return
         fixed = [
             name
-            for name in ("kubelet_dir", "cdi", "log_format", "log_level")
+            for name in ("kubelet_dir", "cdi", "log_format", "log_level", "metrics_address")
             if getattr(settings, name) != getattr(self.settings, name)
         ]
+        runner = ScanRunner(scanners)
+        try:
+            # A trial scan: a config the host cannot be served with (a list too big for the
+            # kubelet, say) is refused here, not by stopping the daemon.
+            await runner.scan()
+        except ConfigError as exc:
+            log.error(
+                "config.reload.refused",
+                field=exc.field,
+                reason=exc.message,
+                kept="the running configuration",
+            )
+            return
         if fixed:
             log.warning("config.reload.needs_restart", settings=fixed, applied=False)
         kept = {name: getattr(self.settings, name) for name in fixed}
         self.settings = settings.model_copy(update=kept)
-        self.scan_runner = ScanRunner(scanners)
-        self.health = HealthGate(self.settings.hotplug.health_hold_down_s)
+        self.scan_runner = runner
+        # The gate keeps its memory (a device held down stays held down); only its period may
+        # change.
+        self.health.hold_down_s = self.settings.hotplug.health_hold_down_s
         subsystems = event_subsystems(scanners)
         source = choose_source(self.settings.hotplug.source, self._udev_control)
         if (subsystems, source) != (self.listener.subsystems, self.listener.source):
@@ -282,7 +297,6 @@ class Daemon:
         resync period or a health hold-down deadline calls for it.
         """
         loop = asyncio.get_running_loop()
-        coalesce_s = self.settings.hotplug.coalesce_ms / 1000
         self.listener.open()
         await self.rescan()
         self.first_scan_done.set()
@@ -299,6 +313,7 @@ class Daemon:
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout_at(deadline):
                     await self._wake.wait()
+            coalesce_s = self.settings.hotplug.coalesce_ms / 1000  # a reload may change it
             if self._wake.is_set() and coalesce_s > 0 and not self._full_scan_requested:
                 # Events come in bursts (a card and its nodes, a driver binding): let the burst
                 # finish so it costs one rescan.

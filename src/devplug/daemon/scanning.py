@@ -5,9 +5,9 @@ Scanners are synchronous and may take long on big hosts, so a scan runs in a wor
 error must not drop a resource's capacity); the failure is logged with its reason. A
 ConfigError from a scanner's first scan is raised: the host cannot be served as configured.
 
-After udev events, only the scanners the events may concern run: an
-:class:`~devplug.scanners.base.IncrementalScanner` updates its previous tree from the events,
-any other scanner scans fully.
+After udev events every scanner runs: an
+:class:`~devplug.scanners.base.IncrementalScanner` updates its previous tree from the events
+(or keeps it, when they do not concern it), any other scanner scans fully.
 """
 
 from __future__ import annotations

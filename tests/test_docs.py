@@ -1,0 +1,288 @@
+"""The user documentation in docs/ stays true to the code.
+
+- Every field of the settings models is documented in docs/configuration.md, as its dotted path
+  in a table row, and every setting named there exists.
+- The Python blocks of docs/writing-a-scanner.md run, in order, in one namespace, and each test
+  function they define passes (with the fixtures it names; ``tmp_path`` is a short directory,
+  as unix socket paths need).
+- Every metric of the daemon's registry is described in docs/operations.md.
+- Every ``devplug ...`` command line in the docs' shell blocks parses with devplug's own parser.
+"""
+
+from __future__ import annotations
+
+import inspect
+import re
+import shlex
+import types
+import typing
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pydantic import BaseModel
+
+from devplug.cli import build_parser
+from devplug.config import CdiSettings, HotplugSettings, Settings
+from devplug.daemon.metrics import Metrics
+from devplug.scanners.generic import GenericEntry, GenericMatch
+from devplug.scanners.intel_gpu.settings import IntelGpuSettings
+from devplug.scanners.registry import BUILTIN_SCANNERS
+from devplug.scanners.vfio.settings import VfioDeviceEntry, VfioSettings
+from devplug.testing.umockdev import preload_active
+
+ROOT = Path(__file__).resolve().parent.parent
+DOCS = ROOT / "docs"
+CONFIGURATION = DOCS / "configuration.md"
+GUIDE = DOCS / "writing-a-scanner.md"
+OPERATIONS = DOCS / "operations.md"
+
+# Built-in scanner -> (the model of its config section, whether the section is a list of them).
+SCANNER_SECTIONS: dict[str, tuple[type[BaseModel], bool]] = {
+    "generic": (GenericEntry, True),
+    "intel_gpu": (IntelGpuSettings, False),
+    "vfio": (VfioSettings, False),
+}
+SETTINGS_MODELS = {
+    Settings,
+    HotplugSettings,
+    CdiSettings,
+    GenericEntry,
+    GenericMatch,
+    IntelGpuSettings,
+    VfioSettings,
+    VfioDeviceEntry,
+}
+SUBCOMMANDS = {"run", "scan", "cdi", "status", "version"}
+
+
+# ------------------------------------------------------------------------ configuration
+
+
+def nested_model(annotation: Any) -> tuple[type[BaseModel], bool] | None:
+    """The settings model a field holds, and whether it holds a list (or tuple) of them."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation, False
+    origin, args = typing.get_origin(annotation), typing.get_args(annotation)
+    if origin in (list, tuple) and args:
+        inner = nested_model(args[0])
+        return None if inner is None else (inner[0], True)
+    if origin in (typing.Union, types.UnionType):
+        for arg in args:
+            found = nested_model(arg)
+            if found is not None:
+                return found
+    return None
+
+
+def model_paths(model: type[BaseModel], prefix: str, seen: set[type[BaseModel]]) -> Iterator[str]:
+    """Dotted paths of ``model``'s fields and of the models below them (lists as ``[]``)."""
+    seen.add(model)
+    for name, field in model.model_fields.items():
+        path = prefix + name
+        yield path
+        nested = nested_model(field.annotation)
+        if nested is not None:
+            inner, many = nested
+            yield from model_paths(inner, path + ("[]." if many else "."), seen)
+
+
+def setting_paths(seen: set[type[BaseModel]] | None = None) -> list[str]:
+    """Every setting: the top-level models' fields, then each built-in scanner's section."""
+    seen = set() if seen is None else seen
+    paths = list(model_paths(Settings, "", seen))
+    for name, (model, many) in SCANNER_SECTIONS.items():
+        section = f"scanners.{name}"
+        paths.append(section)
+        paths.extend(model_paths(model, section + ("[]." if many else "."), seen))
+    return paths
+
+
+def table_rows(text: str) -> list[list[str]]:
+    """The cells of every Markdown table row (header and separator rows included)."""
+    return [
+        [cell.strip() for cell in line.strip().strip("|").split("|")]
+        for line in text.splitlines()
+        if line.lstrip().startswith("|")
+    ]
+
+
+def test_every_settings_model_and_builtin_scanner_is_walked() -> None:
+    assert set(SCANNER_SECTIONS) == set(BUILTIN_SCANNERS), "add the new scanner's settings model"
+    seen: set[type[BaseModel]] = set()
+    setting_paths(seen)
+    assert seen >= SETTINGS_MODELS, SETTINGS_MODELS - seen
+
+
+def test_every_setting_is_in_a_table_row_of_the_configuration_reference() -> None:
+    documented = {
+        key
+        for row in table_rows(CONFIGURATION.read_text())
+        for key in re.findall(r"`([^`]+)`", "|".join(row))
+    }
+    missing = [path for path in setting_paths() if path not in documented]
+    assert not missing, f"settings without a row in {CONFIGURATION.name}: {missing}"
+
+
+def test_every_setting_the_reference_lists_exists() -> None:
+    known = set(setting_paths())
+    setting = re.compile(r"[a-z][a-z0-9_]*(?:\[\])?(?:\.[a-z][a-z0-9_]*(?:\[\])?)*")
+    listed = {
+        token
+        for row in table_rows(CONFIGURATION.read_text())
+        for token in re.findall(r"`([^`]+)`", row[0])
+        if setting.fullmatch(token)
+    }
+    assert listed, "no settings found in the reference's tables"
+    assert listed <= known, f"documented but not settings: {sorted(listed - known)}"
+
+
+# ------------------------------------------------------------------------ scanner guide
+
+
+def python_blocks(text: str) -> list[str]:
+    return re.findall(r"^```python\n(.*?)^```", text, flags=re.DOTALL | re.MULTILINE)
+
+
+def guide_tests() -> list[str]:
+    return [
+        name
+        for block in python_blocks(GUIDE.read_text())
+        for name in re.findall(r"^(?:async )?def (test_\w+)\(", block, flags=re.MULTILINE)
+    ]
+
+
+def test_the_guide_has_a_scanner_and_its_tests() -> None:
+    blocks = python_blocks(GUIDE.read_text())
+    assert len(blocks) >= 3
+    assert any(re.search(r"def scan\(self, source: UdevSource\)", b) for b in blocks)
+    assert len(guide_tests()) >= 2
+
+
+@pytest.mark.parametrize("name", guide_tests())
+async def test_the_scanner_guide_runs(
+    name: str, short_dir: Path, request: pytest.FixtureRequest
+) -> None:
+    namespace: dict[str, Any] = {"__name__": "writing_a_scanner"}
+    for index, block in enumerate(python_blocks(GUIDE.read_text())):
+        exec(compile(block, f"{GUIDE.name}:python-block-{index}", "exec"), namespace)
+    function = namespace[name]
+    if "UmockdevHost" in function.__code__.co_names and not preload_active():
+        pytest.skip("needs umockdev's preload: run under umockdev-wrapper")
+    arguments = {
+        parameter: short_dir if parameter == "tmp_path" else request.getfixturevalue(parameter)
+        for parameter in inspect.signature(function).parameters
+    }
+    result = function(**arguments)
+    if inspect.isawaitable(result):
+        await result
+
+
+# ------------------------------------------------------------------------ metrics
+
+
+def exposed_metric_names() -> list[str]:
+    """The names /metrics shows for each family of the daemon's registry (counters: _total)."""
+    return [
+        f"{family.name}_total" if family.type == "counter" else family.name
+        for family in Metrics().registry.collect()
+    ]
+
+
+def test_every_metric_is_described_in_the_operations_guide() -> None:
+    names = exposed_metric_names()
+    assert names
+    described = {
+        key
+        for row in table_rows(OPERATIONS.read_text())
+        for key in re.findall(r"`([^`]+)`", row[0])
+    }
+    missing = [name for name in names if name not in described]
+    assert not missing, f"metrics without a row in {OPERATIONS.name}: {missing}"
+
+
+# ------------------------------------------------------------------------ command lines
+
+# Words after which ``devplug`` is a command being run, not an argument (a unit or image name).
+COMMAND_POSITION = {None, "&&", "||", "|", ";", "(", "--", "sudo", "env", "time", "nice"}
+STOP_TOKENS = set("();<>|&")
+
+
+def fenced_blocks(text: str) -> list[tuple[str, list[str]]]:
+    """(language, lines) of every fenced code block, indented ones included."""
+    blocks: list[tuple[str, list[str]]] = []
+    language: str | None = None
+    lines: list[str] = []
+    for line in text.splitlines():
+        stripped = line.strip()
+        if stripped.startswith("```"):
+            if language is None:
+                language, lines = stripped[3:].strip(), []
+            else:
+                blocks.append((language, lines))
+                language = None
+        elif language is not None:
+            lines.append(stripped)
+    return blocks
+
+
+def command_lines(text: str) -> list[str]:
+    """Shell commands: every line of ``sh`` blocks, and ``$ `` lines of plain blocks."""
+    found: list[str] = []
+    for language, lines in fenced_blocks(text):
+        if language == "sh":
+            joined = "\n".join(lines).replace("\\\n", " ")
+            found += [line for line in joined.splitlines() if line and not line.startswith("#")]
+        elif language == "":
+            found += [line[2:] for line in lines if line.startswith("$ ")]
+    return found
+
+
+def devplug_invocations(line: str) -> list[list[str]]:
+    """The arguments of each ``devplug`` (or ``.../bin/devplug``) run on a command line."""
+    lexer = shlex.shlex(line, posix=True, punctuation_chars=True)
+    lexer.whitespace_split = True
+    tokens = list(lexer)
+    runs: list[list[str]] = []
+    for index, token in enumerate(tokens):
+        before = tokens[index - 1] if index else None
+        if token.rsplit("/", 1)[-1] != "devplug":
+            continue
+        if before not in COMMAND_POSITION and not re.fullmatch(
+            r"[A-Z_][A-Z0-9_]*=.*", before or ""
+        ):
+            continue
+        arguments: list[str] = []
+        for argument in tokens[index + 1 :]:
+            if set(argument) <= STOP_TOKENS:
+                break
+            arguments.append(argument)
+        runs.append(arguments)
+    return runs
+
+
+def test_the_command_line_finder_tells_commands_from_names() -> None:
+    assert devplug_invocations("sudo .venv/bin/devplug scan -o json && devplug version") == [
+        ["scan", "-o", "json"],
+        ["version"],
+    ]
+    assert devplug_invocations("kubectl exec daemonset/devplug -- devplug status") == [["status"]]
+    assert devplug_invocations("systemctl reload devplug") == []
+    assert devplug_invocations("docker build -t devplug:latest .") == []
+
+
+def test_every_devplug_command_line_in_the_docs_parses() -> None:
+    parser = build_parser()
+    seen: set[str] = set()
+    for path in sorted(DOCS.glob("*.md")):
+        for line in command_lines(path.read_text()):
+            for arguments in devplug_invocations(line):
+                try:
+                    parsed = parser.parse_args(arguments)
+                except SystemExit:
+                    parsed = None  # argparse has printed why on stderr
+                assert parsed is not None, f"{path.name}: not a valid devplug command: {line}"
+                assert parsed.command in SUBCOMMANDS, line
+                seen.add(parsed.command)
+    assert seen == SUBCOMMANDS, f"commands the docs never show: {sorted(SUBCOMMANDS - seen)}"
