@@ -155,3 +155,25 @@ def test_addresses(text: str, host: str, port: int) -> None:
 def test_bad_addresses(text: str) -> None:
     with pytest.raises(ValueError, match="HOST:PORT"):
         parse_address(text)
+
+
+def test_the_devices_gauge_follows_trees_and_zeroes_gone_resources() -> None:
+    from devplug.daemon.metrics import Metrics
+    from devplug.model import DeviceTree
+
+    metrics = Metrics()
+    sick = DeviceInfo(health=Health.UNHEALTHY)
+    first = DeviceTree(
+        {SERIAL: {"a": DeviceInfo(), "b": sick}, "example.com/gpu": {"g": DeviceInfo()}}
+    )
+    metrics.set_devices(first)
+    # The serial map changes (b recovers); the gpu resource goes.
+    second = first.with_changes(
+        [(SERIAL, "b"), ("example.com/gpu", "g")], {SERIAL: {"b": DeviceInfo()}}
+    )
+    metrics.set_devices(second)
+    found = samples(metrics.exposition().decode())
+    assert found[("devplug_devices", (("health", "Healthy"), ("resource", SERIAL)))] == 2
+    assert found[("devplug_devices", (("health", "Unhealthy"), ("resource", SERIAL)))] == 0
+    gpu = (("health", "Healthy"), ("resource", "example.com/gpu"))
+    assert found[("devplug_devices", gpu)] == 0

@@ -63,14 +63,25 @@ class Metrics:
             registry=r,
         )
         self._device_labels: set[tuple[str, str]] = set()
+        # resource -> (the device map last counted, its counts by health)
+        self._counted: dict[str, tuple[object, Tally[tuple[str, str]]]] = {}
 
     def set_devices(self, tree: DeviceTree) -> None:
-        """The devices gauge follows the advertised tree; resources that went read 0."""
-        counts = Tally(
-            (resource, str(info.health))
-            for resource, devices in tree.items()
-            for info in devices.values()
-        )
+        """The devices gauge follows the advertised tree; resources that went read 0.
+
+        Counted again only for resources whose device map changed (trees share the maps of
+        unchanged resources): a hotplug event must not cost a pass over 10,000 devices.
+        """
+        counts: Tally[tuple[str, str]] = Tally()
+        seen: dict[str, tuple[object, Tally[tuple[str, str]]]] = {}
+        for resource, devices in tree.items():
+            cached = self._counted.get(resource)
+            if cached is None or cached[0] is not devices:
+                tally = Tally((resource, str(info.health)) for info in devices.values())
+                cached = (devices, tally)
+            seen[resource] = cached
+            counts.update(cached[1])
+        self._counted = seen
         for labels in self._device_labels - counts.keys():
             self.devices.labels(*labels).set(0)
         for labels, count in counts.items():
