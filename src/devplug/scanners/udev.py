@@ -36,6 +36,7 @@ def is_sys_device_path(path: str) -> bool:
 
 # Real sysfs attributes are at most a page; anything larger is not an attribute we understand.
 MAX_ATTRIBUTE_BYTES = 4096
+MAX_NUMA_NODE = 1023
 
 
 class UdevDevice:
@@ -197,7 +198,9 @@ def _numa_of_dir(sys_path: str, cache: dict[str, int | None]) -> int | None:
             node = int(raw.strip(b"\0 \n"))
         except ValueError:
             node = -1
-        answer = node if node >= 0 else None
+        # Linux has at most 1,024 NUMA nodes (MAX_NUMNODES); anything else is garbage, and a
+        # value past int64 would break the whole resource's ListAndWatch message.
+        answer = node if 0 <= node <= MAX_NUMA_NODE else None
         break
     for path in walked:
         cache[path] = answer
