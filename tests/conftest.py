@@ -6,7 +6,7 @@ import asyncio
 import os
 import shutil
 import tempfile
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -73,3 +73,19 @@ async def _no_leaked_tasks() -> AsyncIterator[None]:
         await asyncio.sleep(0.01)
     names = sorted(t.get_name() for t in leaked)
     pytest.fail(f"tasks leaked by the test: {names}")
+
+
+# The reliability suite (tests/reliability/): CI runs the short versions;
+# DEVPLUG_RELIABILITY_LONG=1 runs the long ones its issue names (100 kubelet restarts, 10,000
+# fuzzed RPC cases, ...).
+RELIABILITY_LONG = os.environ.get("DEVPLUG_RELIABILITY_LONG", "") not in ("", "0")
+
+
+@pytest.fixture
+def scaled() -> Callable[[int, int], int]:
+    """``scaled(short, long)``: ``long`` under DEVPLUG_RELIABILITY_LONG=1, else ``short``."""
+
+    def pick(short: int, long: int) -> int:
+        return long if RELIABILITY_LONG else short
+
+    return pick

@@ -14,10 +14,16 @@ from devplug.naming import natural_key
 
 # Error messages list at most this many ids, so a huge bogus request cannot produce a huge reply.
 MAX_IDS_IN_MESSAGE = 10
+# The ids' part of a message, in ASCII characters: the message travels percent-encoded in a
+# gRPC trailer, and one past 8 KiB makes a C-core client see RESOURCE_EXHAUSTED instead.
+MAX_ID_LIST_CHARS = 1200
 
 
 def _id_list(ids: Sequence[str]) -> str:
-    shown = ", ".join(repr(i[:80]) for i in ids[:MAX_IDS_IN_MESSAGE])
+    # ascii(): escapes non-ASCII, so the size in bytes is the size in characters.
+    shown = ", ".join(ascii(i[:80]) for i in ids[:MAX_IDS_IN_MESSAGE])
+    if len(shown) > MAX_ID_LIST_CHARS:
+        shown = shown[:MAX_ID_LIST_CHARS] + "..."
     more = len(ids) - MAX_IDS_IN_MESSAGE
     return shown + (f" and {more} more" if more > 0 else "")
 
