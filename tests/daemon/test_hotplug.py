@@ -234,7 +234,8 @@ async def test_a_device_is_advertised_only_once_its_node_exists(
 async def test_health_goes_both_ways_and_recovery_is_held_down(
     host: UmockdevHost, kubelet: KubeletSimulator, daemon_for: Any
 ) -> None:
-    hold_down = 1.0
+    # Long enough that no flap below outlasts it, even on a loaded 2-core machine.
+    hold_down = 3.0
     tty = add_usb_serial(host, index=0)
     daemon = await daemon_for(hotplug(health_hold_down_s=hold_down))
     session = await kubelet.wait_for_plugin(SERIAL)

@@ -17,8 +17,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import structlog
@@ -59,12 +59,15 @@ class CdiResource:
     # The devices the file was made from: a device whose nodes, mounts or CDI edits changed since
     # is not named in Allocate until its spec is rewritten (the runtime would inject the old).
     devices: Mapping[str, DeviceInfo]
+    # The file as written (None: not checked), so Allocate can confirm it is still there.
+    path: Path | None = None
+    stamp: FileStamp | None = None
 
     def narrowed_to(self, devices: Mapping[str, DeviceInfo]) -> CdiResource:
         """This entry, naming only the devices whose DeviceInfo is the very one in
         ``devices`` too: what a file being replaced defines before and after alike."""
         same = frozenset(name for name in self.names if devices.get(name) is self.devices.get(name))
-        return CdiResource(self.kind, self.file_name, same, self.devices)
+        return replace(self, names=same)
 
     def defines(self, device_id: str, now: DeviceInfo) -> bool:
         """Whether the spec on disk gives ``device_id`` what ``now`` says it should get."""
@@ -86,6 +89,23 @@ class CdiCatalog:
         self._resources: dict[str, CdiResource] = {}
         # Bumped on every change, so cached Allocate answers know when they are stale.
         self.generation = 0
+        # Called when Allocate finds a spec gone or replaced behind devplug's back.
+        self.on_stale: Callable[[str], None] | None = None
+
+    def confirm(self, resource: str) -> None:
+        """Drop ``resource``'s entry if its file is no longer the one written (deleted, or
+        replaced by someone else), so that no name the runtime cannot resolve is sent.
+
+        One lstat per Allocate, on the event loop: the CDI dir is a tmpfs (/var/run/cdi) or a
+        local dir, and a stale name would fail the container.
+        """
+        entry = self._resources.get(resource)
+        if entry is None or entry.path is None or file_stamp(entry.path) == entry.stamp:
+            return
+        log.warning("cdi.spec.vanished", resource=resource, file=str(entry.path))
+        self.set(resource, None)
+        if self.on_stale is not None:
+            self.on_stale(resource)
 
     def get(self, resource: str) -> CdiResource | None:
         return self._resources.get(resource)
@@ -142,12 +162,18 @@ class CdiSync:
         self._kind_problems: set[str] = set()
         self._clashes: set[tuple[str, str]] = set()
         self._renderers: dict[str, SpecRenderer] = {}
+        catalog.on_stale = self._stale
         self.writes = 0  # counters for tests and metrics
         self.failures = 0
 
     def submit(self, tree: DeviceTree) -> None:
         """The devices now advertised; the task writes what changed."""
         self._tree.set(tree)
+
+    def _stale(self, resource: str) -> None:
+        """A spec vanished: a pass now checks every spec and writes the missing ones again."""
+        if self._tree.value is not None:
+            self._tree.set(self._tree.value)
 
     def kind_of(self, resource: str) -> str | None:
         kind = self.settings.kinds.get(resource)
@@ -338,16 +364,20 @@ class CdiSync:
                 continue  # unreachable: None is only a removal's outcome
             data, entry, wrote, stamp = outcome
             if resource in plan.verify:
+                done = self._written[resource]
                 if wrote:  # it had gone or been replaced: rewritten
                     self.writes += 1
-                    self._written[resource].stamp = stamp
+                    done.stamp = stamp
+                    done.entry = replace(done.entry, stamp=stamp)
                     log.warning("cdi.spec.rewritten", resource=resource, reason="changed on disk")
+                self.catalog.set(resource, done.entry)  # back, if Allocate had dropped it
                 continue
             devices = plan.write[resource][2]
             if entry is None:
                 self._written.pop(resource, None)
                 self.catalog.set(resource, None)
             else:
+                entry = replace(entry, path=self.directory / entry.file_name, stamp=stamp)
                 self._written[resource] = _Written(devices, data, entry, stamp)
                 self.catalog.set(resource, entry)
             if wrote:

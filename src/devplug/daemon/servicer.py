@@ -155,6 +155,8 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
         self, requests: Sequence[Sequence[str]], devices: DeviceMap
     ) -> list[pb.ContainerAllocateResponse]:
         check_request(self.resource, requests, devices)
+        if self.cdi is not None:
+            self.cdi.catalog.confirm(self.resource)  # never name a spec that is gone
         answers: Sequence[ContainerAllocation] | None = None
         if self._allocator is not None:
             answers = await _resolve(self._allocator.allocate(self.resource, requests, devices))
