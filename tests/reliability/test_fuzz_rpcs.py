@@ -558,10 +558,6 @@ class Fuzzer:
 
     def check_example(self, calls: Sequence[Call]) -> None:
         self.examples += 1
-        import time as _t  # TEMP
-        if self.examples % 200 == 0:  # TEMP
-            with open("/tmp/fz/progress.txt", "a") as _f:  # TEMP
-                _f.write(f"{_t.time():.1f} {self.examples} {self.slowest[0]:.3f} {self.codes.most_common(3)}\n")  # TEMP
         answers = self.run(self._send_all(calls))
         for call, answer in zip(calls, answers, strict=True):
             self.calls[f"{call.rpc} {call.resource}"] += 1
