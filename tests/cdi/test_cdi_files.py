@@ -26,8 +26,8 @@ from devplug.cdi.files import (
     TEMP_PREFIX,
     ForeignSpecError,
     file_stamp,
-    owned_resource,
     owned_specs,
+    owner_of,
     remove_owned_spec,
     remove_temp_files,
     write_spec_file,
@@ -333,7 +333,7 @@ def test_a_symlink_at_the_spec_name_is_not_followed(tmp_path: Path) -> None:
     with pytest.raises(ForeignSpecError):
         write_spec_file(tmp_path, NAME, owned(pad=5))
     assert link.is_symlink() and ours.read_bytes() == owned()
-    assert owned_resource(link) is None
+    assert owner_of(link) is None
     assert remove_owned_spec(tmp_path, NAME) is False
     assert link.is_symlink() and ours.read_bytes() == owned()
     # A dangling link is not ours either.
@@ -356,7 +356,7 @@ def test_a_matching_stamp_skips_the_ownership_read(tmp_path: Path) -> None:
         handle.write(unmarked)
     os.utime(target, ns=(stamp[3], stamp[3]))
     assert file_stamp(target) == stamp
-    assert owned_resource(target) is None
+    assert owner_of(target) is None
     with pytest.raises(ForeignSpecError):
         write_spec_file(tmp_path, NAME, owned(pad=3))  # read, and refused, without the stamp
     assert write_spec_file(tmp_path, NAME, owned(pad=3), ours=stamp) is not None
@@ -401,10 +401,10 @@ def test_owned_specs_finds_only_devplugs_json_specs(tmp_path: Path) -> None:
         "example.com-unnamed.json": "",
         "example.com-odd.json": "",
     }
-    assert owned_resource(tmp_path / "example.com-serial.json") == RESOURCE
-    assert owned_resource(tmp_path / "example.com-unnamed.json") == ""
-    assert owned_resource(tmp_path / "absent.json") is None
-    assert owned_resource(tmp_path / "dir.json") is None
+    assert resource_of(tmp_path / "example.com-serial.json") == RESOURCE
+    assert resource_of(tmp_path / "example.com-unnamed.json") == ""
+    assert owner_of(tmp_path / "absent.json") is None
+    assert owner_of(tmp_path / "dir.json") is None
     assert owned_specs(tmp_path / "absent") == {}
 
 
@@ -417,8 +417,8 @@ def test_a_file_bigger_than_the_read_limit_is_not_read(
     at_limit.write_bytes(owned().ljust(limit))  # trailing blanks: still valid JSON
     over = tmp_path / "over.json"
     over.write_bytes(owned().ljust(limit + 1))
-    assert owned_resource(at_limit) == RESOURCE
-    assert owned_resource(over) is None
+    assert resource_of(at_limit) == RESOURCE
+    assert owner_of(over) is None
     assert owned_specs(tmp_path) == {"at-limit.json": RESOURCE}
     with pytest.raises(ForeignSpecError):
         write_spec_file(tmp_path, "over.json", owned())
@@ -435,3 +435,9 @@ def test_remove_owned_spec_removes_ours_and_refuses_the_rest(tmp_path: Path) -> 
     assert remove_owned_spec(tmp_path, NAME) is True  # already gone
     assert remove_owned_spec(tmp_path / "absent", NAME) is True
     assert os.listdir(tmp_path) == ["vendor-foreign.json"]
+
+
+def resource_of(path: Path) -> str:
+    owner = owner_of(path)
+    assert owner is not None, f"{path} is not devplug's"
+    return owner.resource

@@ -171,13 +171,6 @@ def owner_of(path: Path) -> SpecOwner | None:
     return None if data is None else spec_owner(data)
 
 
-def owned_resource(path: Path) -> str | None:
-    """The resource a spec file of devplug's is for ("" if unnamed), or None if the file is
-    not devplug's (another writer's, not JSON, unreadable)."""
-    owner = owner_of(path)
-    return None if owner is None else owner.resource
-
-
 def owned_specs(directory: Path, instance: str | None = None) -> dict[str, str]:
     """file name -> resource of devplug's spec files in ``directory`` (of ``instance`` only,
     when given); empty if the directory is absent. Only ``.json`` files: devplug writes no

@@ -92,6 +92,10 @@ class CdiCatalog:
         # Called when Allocate finds a spec gone or replaced behind devplug's back.
         self.on_stale: Callable[[str], None] | None = None
 
+    def resources(self) -> list[str]:
+        """The resources whose spec is on disk (for status and tests)."""
+        return sorted(self._resources)
+
     def confirm(self, resource: str) -> None:
         """Drop ``resource``'s entry if its file is no longer the one written (deleted, or
         replaced by someone else), so that no name the runtime cannot resolve is sent.
@@ -118,9 +122,6 @@ class CdiCatalog:
         else:
             self._resources[resource] = value
         self.generation += 1
-
-    def resources(self) -> list[str]:
-        return sorted(self._resources)
 
 
 @dataclass(slots=True)

@@ -27,23 +27,10 @@ class TouchedPaths:
 
     def __init__(self, paths: Iterable[str]) -> None:
         self.paths = frozenset(paths)
-        # A source equal to or above an event path: the event's path and all its ancestors.
-        self._at_or_above = {a for p in self.paths for a in _self_and_ancestors(p)}
 
     def touched_sources(self, sources: Iterable[str]) -> set[str]:
-        """The ``sources`` this batch touches: equal to or above an event path (a set lookup),
-        or below one (a bisect over the sorted sources)."""
-        unique = set(sources)
-        hits = self._at_or_above & unique
-        ordered = sorted(unique)
-        for path in self.paths:
-            prefix = path + "/"
-            start = bisect.bisect_left(ordered, prefix)
-            for source in itertools.islice(ordered, start, None):
-                if not source.startswith(prefix):
-                    break
-                hits.add(source)
-        return hits
+        """The ``sources`` this batch touches: equal to or above an event path, or below one."""
+        return PathIndex(sources).touched_by(self.paths)
 
 
 class TreeEdit:

@@ -113,9 +113,9 @@ class IntelGpuScanner:
         totals = entry_totals(entries.values())
         if self._scanned:
             self._budget.hold_back(entries, self._entries, totals, set(totals))
+            self._budget.warn_if_near(totals)
         else:
-            self._budget.refuse_if_over(totals, set(totals))
-        self._budget.warn_if_near(totals)
+            self._check_sizes(entries, set(totals))
         builder = DeviceTreeBuilder()
         for entry in sorted(entries.values(), key=lambda e: share_order(e.ids[0])):
             for device_id in entry.ids:
