@@ -363,6 +363,28 @@ def test_a_matching_stamp_skips_the_ownership_read(tmp_path: Path) -> None:
     assert target.read_bytes() == owned(pad=3)
 
 
+def test_the_stamp_is_the_written_files_even_when_it_is_deleted_at_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Someone deletes the spec right after the rename: the stamp returned is still the
+    written file's, so the caller sees the name no longer matches it (a missing stamp would
+    compare equal to a missing file, and the loss would go unnoticed)."""
+    target = tmp_path / NAME
+    rename = os.replace
+
+    def rename_then_lose(source: str, destination: Path) -> None:
+        rename(source, destination)
+        written_now.append(file_stamp(target))
+        target.unlink()
+
+    written_now: list[object] = []
+    monkeypatch.setattr(os, "replace", rename_then_lose)
+    stamp = write_spec_file(tmp_path, NAME, owned())
+    assert written_now == [stamp]
+    assert file_stamp(target) is None
+    assert file_stamp(target) != stamp
+
+
 def test_a_stale_stamp_does_not_cover_a_file_someone_else_put_there(tmp_path: Path) -> None:
     target = tmp_path / NAME
     stamp = write_spec_file(tmp_path, NAME, owned())

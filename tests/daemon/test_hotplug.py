@@ -249,9 +249,13 @@ async def test_health_goes_both_ways_and_recovery_is_held_down(
         await eventually(lambda: daemon.incremental_scans > scans)
 
     await node(False)
-    first_bad = len(session.updates) - 1
-    bad = session.updates[first_bad]["ttyUSB0"]
-    assert bad.health == "Unhealthy"
+    # The scan is done; its list may still be on its way to the simulator.
+    await session.wait_for_update(lambda listed: listed["ttyUSB0"].health == "Unhealthy")
+    first_bad = next(
+        index
+        for index, listed in enumerate(session.updates)
+        if listed["ttyUSB0"].health == "Unhealthy"
+    )
     with pytest.raises(SimulatorRpcError) as refused:
         await session.allocate(["ttyUSB0"])
     assert "unhealthy" in refused.value.details.lower()

@@ -356,6 +356,38 @@ def exactly(
     return matches
 
 
+async def settled_allocation(
+    world: World, session: PluginSession, resource: str, ids: list[str]
+) -> ContainerAllocation:
+    """Once the host stops changing, the daemon comes to list exactly its devices, all
+    Healthy, and allocates them all together.
+
+    The latest list may lag the daemon by one scan: a node deleted just before the settle's
+    restore can still show Healthy in the last list while the daemon is about to see it gone.
+    So a refusal is not a verdict: it waits for a newer list and asks again, until the
+    daemon converges or WAIT_S runs out (a daemon that never converges fails the test).
+    """
+    want = exactly(world.present(resource), healthy=True)
+    refusals: list[str] = []
+    try:
+        async with asyncio.timeout(WAIT_S):
+            while True:
+                seen = len(session.updates)
+                if want(session.latest):
+                    try:
+                        (answer,) = await session.allocate(ids)
+                    except SimulatorRpcError as exc:
+                        refusals.append(exc.details)
+                    else:
+                        return answer
+                await session.wait_for_update(after=seen, timeout=WAIT_S)
+    except TimeoutError:
+        raise AssertionError(
+            f"{resource}: never settled on {ids}; latest list {sorted(session.latest)}, "
+            f"refusals {refusals[-3:]}"
+        ) from None
+
+
 def describe(call: Call, session: PluginSession) -> str:
     """A failing call with the lists around it, for the assertion message."""
     start = max(received_by(session, call.sent_at) - 2, 0)
@@ -417,14 +449,9 @@ async def test_50_concurrent_allocates_during_hotplug_and_health_flips(
                 if device.removed_at is None and not device.node_present:
                     await world.flip(device, True)
             for resource, session in world.sessions.items():
-                await session.wait_for_update(
-                    exactly(world.present(resource), healthy=True),
-                    after=len(session.updates) - 1,
-                    timeout=WAIT_S,
-                )
                 # A final Allocate of everything present works.
                 ids = sorted(d.device_id for d in world.present(resource))
-                (answer,) = await session.allocate(ids)
+                answer = await settled_allocation(world, session, resource, ids)
                 assert [n.host_path for n in answer.nodes] == [
                     world.devices[i].host_node for i in ids
                 ]

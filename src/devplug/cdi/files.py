@@ -58,12 +58,16 @@ def file_stamp(path: Path) -> FileStamp | None:
         info = os.lstat(path)
     except OSError:
         return None
+    return _stamp_of(info)
+
+
+def _stamp_of(info: os.stat_result) -> FileStamp:
     return (info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns)
 
 
 def write_spec_file(
     directory: Path, file_name: str, data: bytes, *, ours: FileStamp | None = None
-) -> FileStamp | None:
+) -> FileStamp:
     """Replace ``directory/file_name`` with ``data`` atomically (creating the directory);
     return the file's stamp.
 
@@ -97,6 +101,9 @@ def write_spec_file(
                 view = view[written:]
             os.fchmod(handle, SPEC_MODE)
             os.fsync(handle)
+            # Stamped from the open file, not from the name after the rename: someone may
+            # delete the file in between, and a missing stamp would read as "still there".
+            stamp = _stamp_of(os.fstat(handle))
         finally:
             os.close(handle)
         os.replace(temp, target)
@@ -105,7 +112,7 @@ def write_spec_file(
             os.unlink(temp)
         raise
     _fsync_dir(directory)
-    return file_stamp(target)
+    return stamp
 
 
 def _fsync_dir(directory: Path) -> None:
