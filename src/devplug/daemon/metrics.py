@@ -4,6 +4,7 @@ process do not mix their numbers). Exposition is prometheus_client's."""
 from __future__ import annotations
 
 from collections import Counter as Tally
+from collections.abc import Mapping, Sized
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
@@ -62,6 +63,14 @@ class Metrics:
             ["resource"],
             registry=r,
         )
+        self.held_back = Gauge(
+            "devplug_devices_held_back",
+            "Devices found but not advertised, by resource: their list would pass the kubelet's "
+            "4 MiB receive limit.",
+            ["resource"],
+            registry=r,
+        )
+        self._held_labels: set[str] = set()
         self._device_labels: set[tuple[str, str]] = set()
         # resource -> (the device map last counted, its counts by health)
         self._counted: dict[str, tuple[object, Tally[tuple[str, str]]]] = {}
@@ -87,6 +96,14 @@ class Metrics:
         for labels, count in counts.items():
             self.devices.labels(*labels).set(count)
         self._device_labels |= counts.keys()
+
+    def set_held_back(self, held: Mapping[str, Sized]) -> None:
+        """Resources with devices held back by the list limit; those that have room read 0."""
+        for resource in self._held_labels - held.keys():
+            self.held_back.labels(resource).set(0)
+        for resource, ids in held.items():
+            self.held_back.labels(resource).set(len(ids))
+        self._held_labels |= held.keys()
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)

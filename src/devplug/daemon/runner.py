@@ -212,6 +212,7 @@ class Daemon:
             self.incremental_scans += result.incremental
             kind = "incremental" if result.full == 0 and result.incremental else "full"
             self.metrics.scan_seconds.labels(kind).observe(result.duration_s)
+            self.metrics.set_held_back(result.held_back)
             self._raw, self._owners = result.tree, result.owners
             await self._publish(self.health.gate(self._raw))
 
@@ -254,7 +255,7 @@ class Daemon:
             for name in ("kubelet_dir", "cdi", "log_format", "log_level", "metrics_address")
             if getattr(settings, name) != getattr(self.settings, name)
         ]
-        runner = ScanRunner(scanners)
+        runner = ScanRunner(scanners, self.scan_runner.list_limit)
         try:
             # A trial scan: a config the host cannot be served with (a list too big for the
             # kubelet, say) is refused here, not by stopping the daemon.

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 
 import structlog
 
+from devplug.daemon.list_limit import ListLimit
 from devplug.errors import ConfigError, ScanCancelled
 from devplug.model import DeviceTree
 from devplug.scanners.base import IncrementalScanner, Reporter, Scanner
@@ -39,6 +40,8 @@ class ScanResult:
     incremental: int = 0
     # Sections scanners report beside their devices (Reporter), for ``devplug scan``.
     extras: Mapping[str, object] = field(default_factory=dict)
+    # resource -> the ids left out of ``tree`` because its list would not fit (ListLimit)
+    held_back: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
 
 
 def event_subsystems(scanners: Sequence[Scanner]) -> frozenset[str] | None:
@@ -52,9 +55,14 @@ def event_subsystems(scanners: Sequence[Scanner]) -> frozenset[str] | None:
     return frozenset(wanted)
 
 
+HELD_BACK_SECTION = "held_back"
+
+
 class ScanRunner:
-    def __init__(self, scanners: Sequence[Scanner]) -> None:
+    def __init__(self, scanners: Sequence[Scanner], list_limit: ListLimit | None = None) -> None:
         self.scanners = tuple(scanners)
+        # Shared with the runner of a reloaded config, which keeps what was advertised first.
+        self.list_limit = list_limit or ListLimit()
         self._last: dict[int, DeviceTree] = {}
         # Protocol isinstance checks are slow: resolve once.
         self._incremental = {
@@ -125,7 +133,20 @@ class ScanRunner:
                         log.error("scan.report.clash", scanner=scanner.name, section=section)
                         continue
                     extras[section] = content
-        return ScanResult(merged, owners, time.perf_counter() - started, full, incremental, extras)
+        fitted, held = self.list_limit.fit(merged)
+        if held:
+            extras[HELD_BACK_SECTION] = [
+                {
+                    "id": resource,
+                    "summary": f"{resource}: {len(ids):,} devices",
+                    "reason": "over the kubelet's 4 MiB ListAndWatch limit; not advertised",
+                    "ids": list(ids),
+                }
+                for resource, ids in sorted(held.items())
+            ]
+        return ScanResult(
+            fitted, owners, time.perf_counter() - started, full, incremental, extras, held
+        )
 
     @staticmethod
     def _rescan(
