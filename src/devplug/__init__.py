@@ -1,11 +1,13 @@
 """devplug: a Kubernetes device plugin daemon and framework.
 
 The public surface for plugin authors is what ``__all__`` lists: the device model, the scanner
-protocols and hooks, and the udev view scanners read. Everything else is internal. Test tools
-live in :mod:`devplug.testing`.
+protocols and hooks, the udev view scanners read, the helpers of incremental rescans, and what
+an entry point needs to serve its scanners (``load_settings``, ``Settings``, ``serve``).
+Everything else is internal. Test tools live in :mod:`devplug.testing`.
 """
 
 from devplug._version import __version__
+from devplug.config import Settings, load_settings
 from devplug.errors import AllocationError, ConfigError, DevplugError, InvalidNameError
 from devplug.model import (
     CdiEdits,
@@ -18,14 +20,18 @@ from devplug.model import (
     Health,
     Mount,
 )
+from devplug.plugin import serve
 from devplug.scanners.base import (
     Allocator,
     ContainerPreStarter,
+    IncrementalScanner,
     PostAllocator,
     PreferredAllocator,
+    Reporter,
     Scanner,
 )
-from devplug.scanners.udev import UdevDevice, UdevSource
+from devplug.scanners.incremental import TouchedPaths, TreeEdit
+from devplug.scanners.udev import UdevDevice, UdevEvent, UdevSource
 
 __all__ = [
     "AllocationError",
@@ -41,12 +47,20 @@ __all__ = [
     "DeviceTreeBuilder",
     "DevplugError",
     "Health",
+    "IncrementalScanner",
     "InvalidNameError",
     "Mount",
     "PostAllocator",
     "PreferredAllocator",
+    "Reporter",
     "Scanner",
+    "Settings",
+    "TouchedPaths",
+    "TreeEdit",
     "UdevDevice",
+    "UdevEvent",
     "UdevSource",
     "__version__",
+    "load_settings",
+    "serve",
 ]

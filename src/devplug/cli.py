@@ -9,7 +9,7 @@ import argparse
 import asyncio
 import os
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 import structlog
@@ -19,10 +19,9 @@ from devplug.config import ENV_PREFIX, SCALAR_KEYS, Settings, load_settings
 from devplug.errors import CdiSpecError, ConfigError
 from devplug.logconfig import configure
 from devplug.naming import MAX_UNIX_SOCKET_PATH, short_socket_file_name
+from devplug.plugin import EXIT_CONFIG, run_daemon
 from devplug.scanners.base import Scanner
 from devplug.scanners.registry import BUILTIN_SCANNERS, build_scanners
-
-EXIT_CONFIG = 2
 
 
 def _common_options() -> argparse.ArgumentParser:
@@ -234,43 +233,6 @@ def _status(kubelet_dir: Path | None, output: str, timeout: float) -> int:
     return 0
 
 
-def _run(
-    settings: Settings,
-    scanners: Sequence[Scanner],
-    reload_config: Callable[[], tuple[Settings, Sequence[Scanner]]] | None = None,
-) -> int:
-    # grpc's C core logs to stderr on its own; keep its informational lines out of our JSON.
-    os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
-    from devplug.daemon.runner import Daemon, run_until_signalled
-
-    async def main() -> None:
-        daemon = Daemon(settings, scanners, freeze_gc=True, config_loader=reload_config)
-        await run_until_signalled(daemon)
-
-    try:
-        asyncio.run(main())
-    except Exception as exc:
-        refused = _config_error_in(exc)
-        if refused is not None:
-            print(f"devplug: configuration error: {refused}", file=sys.stderr)
-            return EXIT_CONFIG
-        structlog.get_logger("devplug.daemon").exception("daemon.crashed")
-        return 1
-    return 0
-
-
-def _config_error_in(exc: BaseException) -> ConfigError | None:
-    """The ConfigError that stopped the daemon (its task group wraps errors in groups)."""
-    if isinstance(exc, ConfigError):
-        return exc
-    if isinstance(exc, BaseExceptionGroup):
-        for inner in exc.exceptions:
-            found = _config_error_in(inner)
-            if found is not None:
-                return found
-    return None
-
-
 def _warn_unknown_environment() -> None:
     """A misspelt DEVPLUG_* variable would otherwise be ignored without a word."""
     known = {ENV_PREFIX + key.upper() for key in SCALAR_KEYS} | {
@@ -317,7 +279,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise ConfigError("scanners", "no scanner configured")
         return fresh, built
 
-    return _run(settings, scanners, reload_config)
+    return run_daemon(settings, scanners, reload_config)
 
 
 if __name__ == "__main__":

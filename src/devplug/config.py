@@ -237,11 +237,12 @@ def env_scanners(environ: Mapping[str, str]) -> list[str]:
 
 def load_settings(
     config_file: Path | None,
-    flags: Mapping[str, Any],
-    scanner_names: Sequence[str],
+    flags: Mapping[str, Any] | None = None,
+    scanner_names: Sequence[str] = (),
     environ: Mapping[str, str] | None = None,
 ) -> Settings:
-    """Merge file, environment and flags (later wins) and validate.
+    """Merge file, environment and flags (later wins) and validate; ConfigError names the bad
+    field. A missing ``config_file`` is an error; None reads none.
 
     ``scanner_names`` (from --scanner or DEVPLUG_SCANNER) add built-in scanners with their
     defaults unless the file already configures them; ``intel-gpu`` names ``intel_gpu``.
@@ -249,7 +250,7 @@ def load_settings(
     environ = os.environ if environ is None else environ
     raw: dict[str, Any] = read_config_file(config_file) if config_file is not None else {}
     raw.update(env_overrides(environ))
-    raw.update({key: value for key, value in flags.items() if value is not None})
+    raw.update({key: value for key, value in (flags or {}).items() if value is not None})
     if "cdi_dir" in raw:
         # --cdi-dir, DEVPLUG_CDI_DIR and a top-level cdi_dir key all set cdi.dir.
         cdi = raw.get("cdi")

@@ -1,0 +1,135 @@
+"""A plugin author's own entry point, built on ``devplug.serve``, run as a real process.
+
+The child process runs a small script that imports only devplug's public names (plus a
+StaticScanner from devplug.testing as its scanner); the kubelet simulator in this process
+sees it register, list, reload on SIGHUP and stop on SIGTERM.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import sys
+from pathlib import Path
+
+from devplug.testing import KubeletSimulator
+
+RESOURCE = "example.com/dummy"
+SCRIPT = """
+import sys
+from pathlib import Path
+
+from devplug import ConfigError, DeviceInfo, DeviceNode, load_settings, serve
+from devplug.testing.harness import StaticScanner
+
+CONFIG = Path(sys.argv[1])
+
+
+def load():
+    settings = load_settings(CONFIG)
+    count = (settings.scanners.get("dummy") or {}).get("count", 1)
+    if not isinstance(count, int) or count < 1:
+        raise ConfigError("scanners.dummy.count", f"must be a positive integer, got {count!r}")
+    info = DeviceInfo(nodes=(DeviceNode("/dev/null"),))
+    devices = {f"dev{i}": info for i in range(count)}
+    return settings, [StaticScanner({"example.com/dummy": devices})]
+
+
+sys.exit(serve(load, program="dummy-plugin"))
+"""
+
+
+def write_config(directory: Path, kubelet_dir: Path, count: object) -> Path:
+    config = directory / "config.yaml"
+    config.write_text(
+        f"kubelet_dir: {kubelet_dir}\n"
+        "log_format: json\n"
+        f"cdi: {{dir: {directory / 'cdi'}}}\n"
+        f"scanners:\n  dummy:\n    count: {count}\n"
+    )
+    return config
+
+
+async def start(directory: Path, config: Path) -> asyncio.subprocess.Process:
+    script = directory / "dummy_plugin.py"
+    script.write_text(SCRIPT)
+    return await asyncio.create_subprocess_exec(
+        sys.executable,
+        str(script),
+        str(config),
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        env={k: v for k, v in os.environ.items() if not k.startswith("DEVPLUG_")},
+    )
+
+
+async def test_a_bad_config_exits_2_naming_the_field_and_serves_nothing(
+    kubelet_dir: Path, short_dir: Path
+) -> None:
+    process = await start(short_dir, write_config(short_dir, kubelet_dir, 0))
+    stdout, stderr = await asyncio.wait_for(process.communicate(), 60)
+    assert process.returncode == 2
+    assert stdout == b""
+    assert stderr.decode().strip() == (
+        "dummy-plugin: configuration error: scanners.dummy.count: must be a positive integer, got 0"
+    )
+    assert not (short_dir / "cdi").exists()
+    assert sorted(p.name for p in kubelet_dir.iterdir()) == []
+
+
+async def read_until(
+    process: asyncio.subprocess.Process, event: str, seen: list[dict[str, object]]
+) -> dict[str, object]:
+    """Read the JSON log lines on stderr into ``seen`` until one is ``event``; return it."""
+    assert process.stderr is not None
+    async with asyncio.timeout(60):
+        while line := await process.stderr.readline():
+            seen.append(json.loads(line))
+            if seen[-1]["event"] == event:
+                return seen[-1]
+    raise AssertionError(f"the process ended before logging {event}: {seen}")
+
+
+async def test_the_entry_point_serves_reloads_on_sighup_and_stops_on_sigterm(
+    kubelet: KubeletSimulator, kubelet_dir: Path, short_dir: Path
+) -> None:
+    config = write_config(short_dir, kubelet_dir, 2)
+    process = await start(short_dir, config)
+    events: list[dict[str, object]] = []
+    try:
+        session = await kubelet.wait_for_plugin(RESOURCE, timeout=60)
+        assert set(await session.wait_for_update()) == {"dev0", "dev1"}
+        (answer,) = await session.allocate(["dev1"])
+        assert [node.host_path for node in answer.nodes] == ["/dev/null"]
+
+        write_config(short_dir, kubelet_dir, 3)
+        process.send_signal(signal.SIGHUP)
+        await read_until(process, "config.reloaded", events)
+        await session.wait_for_update(lambda listed: set(listed) == {"dev0", "dev1", "dev2"})
+
+        write_config(short_dir, kubelet_dir, "many")  # refused: the running config stays
+        process.send_signal(signal.SIGHUP)
+        refused = await read_until(process, "config.reload.refused", events)
+        assert refused["field"] == "scanners.dummy.count"
+        assert "got 'many'" in str(refused["reason"])
+        assert set(session.latest) == {"dev0", "dev1", "dev2"}
+
+        process.send_signal(signal.SIGTERM)
+        stdout, stderr = await asyncio.wait_for(process.communicate(), 60)
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
+    assert process.returncode == 0, stderr.decode()
+    assert stdout == b""
+    names = [e["event"] for e in events] + [
+        json.loads(line)["event"] for line in stderr.decode().splitlines()
+    ]
+    for expected in ("daemon.started", "kubelet.register.complete", "daemon.stopped"):
+        assert expected in names
+    assert sorted(p.name for p in kubelet_dir.iterdir()) == [
+        "kubelet.sock",
+        "kubelet_internal_checkpoint",
+    ]
