@@ -3,14 +3,21 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import shutil
 import tempfile
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from devplug.config import Settings
+from devplug.daemon.runner import Daemon
+from devplug.scanners.base import Scanner
+from devplug.testing import running_daemon
+from devplug.testing.harness import DaemonStarter
 from devplug.testing.simulator import KubeletSimulator
 from devplug.testing.umockdev import UmockdevHost, preload_active
 
@@ -58,6 +65,18 @@ def host(short_dir: Path) -> Iterator[UmockdevHost]:
     testbed = UmockdevHost(short_dir / "testbed")
     with testbed.activated():
         yield testbed
+
+
+@pytest.fixture
+async def start_daemon(kubelet: KubeletSimulator) -> AsyncIterator[DaemonStarter]:
+    """Factory: in-process daemons (``running_daemon``), stopped in reverse order at the end of
+    the test, before the kubelet simulator they talk to."""
+    async with contextlib.AsyncExitStack() as stack:
+
+        async def start(settings: Settings, scanners: Sequence[Scanner], **options: Any) -> Daemon:
+            return await stack.enter_async_context(running_daemon(settings, scanners, **options))
+
+        yield start
 
 
 @pytest.fixture(autouse=True)

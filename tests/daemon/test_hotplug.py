@@ -11,7 +11,7 @@ import asyncio
 import errno
 import random
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +22,8 @@ from devplug.daemon.events import MonitorSource
 from devplug.daemon.runner import Daemon
 from devplug.scanners.generic import GenericScanner
 from devplug.scanners.udev import UdevMonitor, UdevSource
-from devplug.testing import KubeletSimulator, daemon_settings, running_daemon
+from devplug.testing import KubeletSimulator, daemon_settings
+from devplug.testing.harness import DaemonStarter
 from devplug.testing.simulator import ListedDevice, SimulatorRpcError
 from devplug.testing.umockdev import MockNode, UmockdevHost, add_intel_gpu, add_usb_serial
 
@@ -77,28 +78,21 @@ def add_accel(host: UmockdevHost, index: int, driver: str | None = "ivpu") -> st
 
 
 @pytest.fixture
-async def daemon_for(
-    host: UmockdevHost, kubelet: KubeletSimulator, kubelet_dir: Path
-) -> AsyncIterator[Any]:
+def daemon_for(
+    host: UmockdevHost, kubelet_dir: Path, start_daemon: DaemonStarter
+) -> Callable[..., Awaitable[Daemon]]:
     """Factory: start an in-process daemon with the given hotplug settings."""
-    stack: list[Any] = []
 
-    async def start(
+    def start(
         settings: HotplugSettings, entries: list[dict[str, Any]] = ENTRIES, **options: Any
-    ) -> Daemon:
-        manager = running_daemon(
+    ) -> Awaitable[Daemon]:
+        return start_daemon(
             daemon_settings(kubelet_dir, hotplug=settings),
             [GenericScanner.from_config(entries)],
             **options,
         )
-        stack.append(manager)
-        return await manager.__aenter__()
 
-    try:
-        yield start
-    finally:
-        for manager in reversed(stack):
-            await manager.__aexit__(None, None, None)
+    return start
 
 
 async def test_add_and_remove_events_update_the_list_without_full_scans(

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +20,8 @@ from devplug.config import HotplugSettings
 from devplug.daemon.runner import Daemon
 from devplug.model import DeviceNode, Health
 from devplug.scanners.vfio import VfioScanner
-from devplug.testing import KubeletSimulator, daemon_settings, running_daemon
+from devplug.testing import KubeletSimulator, daemon_settings
+from devplug.testing.harness import DaemonStarter
 from devplug.testing.simulator import ListedDevice, SimulatorRpcError
 from devplug.testing.umockdev import (
     UmockdevHost,
@@ -62,26 +63,16 @@ GROUP_A_NODES = nodes(
 
 
 @pytest.fixture
-async def daemon_for(
-    host: UmockdevHost, kubelet: KubeletSimulator, kubelet_dir: Path
-) -> AsyncIterator[Callable[..., Any]]:
+def daemon_for(
+    host: UmockdevHost, kubelet_dir: Path, start_daemon: DaemonStarter
+) -> Callable[[dict[str, Any]], Awaitable[Daemon]]:
     """Factory: an in-process daemon running the VFIO scanner with the given section."""
-    stack: list[Any] = []
 
-    async def start(section: dict[str, Any]) -> Daemon:
-        manager = running_daemon(
-            daemon_settings(kubelet_dir, hotplug=hotplug()),
-            [VfioScanner.from_config(section)],
-        )
-        stack.append(manager)
-        daemon: Daemon = await manager.__aenter__()
-        return daemon
+    def start(section: dict[str, Any]) -> Awaitable[Daemon]:
+        settings = daemon_settings(kubelet_dir, hotplug=hotplug())
+        return start_daemon(settings, [VfioScanner.from_config(section)])
 
-    try:
-        yield start
-    finally:
-        for manager in reversed(stack):
-            await manager.__aexit__(None, None, None)
+    return start
 
 
 def four_groups(host: UmockdevHost) -> dict[str, str]:

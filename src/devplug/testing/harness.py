@@ -13,7 +13,7 @@ import contextlib
 import os
 import signal
 import sys
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 
 from devplug.config import CdiSettings, HotplugSettings, Settings
@@ -33,6 +33,11 @@ FAST_TIMING = ServerTiming(
     drain_timeout_s=1.0,
     in_use_probe_s=0.5,
 )
+
+
+# A test fixture's factory: start(settings, scanners, **running_daemon's options) -> Daemon,
+# each daemon stopped when the test ends.
+DaemonStarter = Callable[..., Awaitable[Daemon]]
 
 
 class StaticScanner:
