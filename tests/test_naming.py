@@ -101,6 +101,31 @@ def test_natural_key_orders_numbers_numerically() -> None:
     assert sorted(["gpu10", "gpu2", "gpu1"], key=natural_key) == ["gpu1", "gpu2", "gpu10"]
 
 
+def test_natural_key_orders_pci_addresses_in_bus_order() -> None:
+    """Hex is not decimal: "0a" is bus 10, after bus 9; a five-digit domain (VMD) comes last."""
+    addresses = ["10000:00:02.0", "0000:0a:00.0", "0000:09:00.1", "0000:09:00.0", "0000:1f:1f.7"]
+    expected = ["0000:09:00.0", "0000:09:00.1", "0000:0a:00.0", "0000:1f:1f.7", "10000:00:02.0"]
+    assert sorted(addresses, key=natural_key) == expected
+    shares = ["0000:0a:00.0-10", "0000:0a:00.0-2", "0000:09:00.0-1"]
+    assert sorted(shares, key=natural_key) == [
+        "0000:09:00.0-1",
+        "0000:0a:00.0-2",
+        "0000:0a:00.0-10",
+    ]
+    paths = [
+        "/sys/devices/pci0000:00/0000:00:1c.0/0000:0a:00.0",
+        "/sys/devices/pci0000:00/0000:00:1c.0/0000:09:00.0",
+    ]
+    assert sorted(paths, key=natural_key) == paths[::-1]
+
+
+def test_natural_key_is_a_total_order() -> None:
+    """Different texts never tie, so the order does not depend on the input's order."""
+    texts = ["gpu01", "gpu1", "gpu001"]
+    assert sorted(texts, key=natural_key) == sorted(reversed(texts), key=natural_key)
+    assert len({natural_key(t) for t in texts}) == 3
+
+
 def test_a_trailing_newline_is_not_part_of_any_valid_name() -> None:
     # Python's "$" also matches before a final newline; the rules must not.
     from devplug.naming import cdi_kind_problem, device_id_problem, resource_name_problem

@@ -117,11 +117,33 @@ def short_socket_file_name(resource: str) -> str:
     return f"devplug-{digest}.sock"
 
 
+# A PCI address as the kernel names devices: domain (%04x, so 4 digits or more), bus, device
+# and function, in lower-case hex.
+PCI_ADDRESS = re.compile(r"[0-9a-f]{4,8}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]")
+_NATURAL_PARTS = re.compile(rf"({PCI_ADDRESS.pattern})|(\d+)")
+
+
+def _pci_number(address: str) -> int:
+    domain, bus, rest = address.split(":")
+    device, function = rest.split(".")
+    return int(domain, 16) << 20 | int(bus, 16) << 12 | int(device, 16) << 4 | int(function)
+
+
 def natural_key(text: str) -> tuple[tuple[int, int | str], ...]:
-    """Sort key that orders "gpu2" before "gpu10"."""
-    return tuple(
-        (0, int(part)) if part.isdigit() else (1, part) for part in re.split(r"(\d+)", text) if part
-    )
+    """Sort key that orders "gpu2" before "gpu10", and PCI addresses (hex) in bus order:
+    "0000:09:00.0" before "0000:0a:00.0". The text itself breaks ties ("gpu01", "gpu1")."""
+    key: list[tuple[int, int | str]] = []
+    end = 0
+    for match in _NATURAL_PARTS.finditer(text):
+        if match.start() > end:
+            key.append((1, text[end : match.start()]))
+        pci, digits = match.groups()
+        key.append((0, _pci_number(pci) if pci is not None else int(digits)))
+        end = match.end()
+    if end < len(text):
+        key.append((1, text[end:]))
+    key.append((2, text))
+    return tuple(key)
 
 
 def cdi_kind_problem(kind: str) -> str | None:

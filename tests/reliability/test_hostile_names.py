@@ -11,14 +11,14 @@ from devplug.cdi.names import cdi_device_name, device_name_problem, parse_kind, 
 from devplug.errors import CdiSpecError, InvalidNameError
 from devplug.model import DeviceNode, Mount, is_device_node_path
 from devplug.naming import (
+    PCI_ADDRESS,
     cdi_kind_problem,
     device_id_problem,
     resource_name_problem,
     socket_file_name,
 )
-from devplug.scanners.intel_gpu.discovery import PCI_ADDRESS, pci_path_of_card
+from devplug.scanners.intel_gpu.discovery import pci_path_of_card
 from devplug.scanners.udev import is_sys_device_path
-from devplug.scanners.vfio.discovery import PCI_ADDRESS as VFIO_PCI_ADDRESS
 
 HOSTILE_NAMES = [
     "../etc",
@@ -105,11 +105,19 @@ def test_model_paths_refuse_hostile_values(make: Callable[[], object]) -> None:
 
 @pytest.mark.parametrize(
     "address",
-    ["0000:00:02.0/..", "../0000:00:02.0", "0000:00:02.8", "0000:0g:00.0", "0000:00:02.0\n"],
+    [
+        "0000:00:02.0/..",
+        "../0000:00:02.0",
+        "0000:00:02.8",
+        "0000:0g:00.0",
+        "0000:00:02.0\n",
+        "000:00:02.0",
+        "123456789:00:02.0",
+    ],
 )
 def test_pci_addresses_from_sysfs_refuse_hostile_values(address: str) -> None:
+    """The one pattern both PCI scanners check sysfs names with."""
     assert not PCI_ADDRESS.fullmatch(address)
-    assert not VFIO_PCI_ADDRESS.fullmatch(address)
 
 
 def test_a_card_path_outside_sysfs_devices_has_no_pci_function() -> None:

@@ -278,6 +278,22 @@ def test_ids_are_pci_addresses_stable_when_cards_renumber(host: UmockdevHost) ->
     assert scan() == expected
 
 
+def test_a_gpu_in_a_five_digit_pci_domain_is_found_and_sorted_last(host: UmockdevHost) -> None:
+    """Domains past ffff exist (Intel VMD puts devices in 10000+): the kernel prints them with
+    more than four digits, and they are still GPUs, ordered after the lower domains."""
+    vmd = add_intel_gpu(host, "10000:01:00.0", card=1, render=129)
+    low = add_intel_gpu(host, "0000:03:00.0", card=0, render=128)
+    tree = IntelGpuScanner.from_config({"shared_dev_num": 2}).scan(UdevSource())
+    assert list(tree[I915]) == [
+        "0000:03:00.0-0",
+        "0000:03:00.0-1",
+        "10000:01:00.0-0",
+        "10000:01:00.0-1",
+    ]
+    assert tree[I915]["10000:01:00.0-0"].sources[0] == vmd
+    assert tree[I915]["0000:03:00.0-1"].sources[0] == low
+
+
 def test_renumbered_to_fresh_minors_the_gpu_stays_healthy(host: UmockdevHost) -> None:
     pci = add_intel_gpu(host, BMG, card=0, render=128, numa_node=1)
     scanner = IntelGpuScanner()

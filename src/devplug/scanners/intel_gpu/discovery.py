@@ -12,13 +12,13 @@ import os
 import re
 from dataclasses import dataclass
 
+from devplug.naming import PCI_ADDRESS
 from devplug.scanners.udev import UdevSource, is_sys_device_path
 
 INTEL_VENDOR = "0x8086"
 CARD_NAME = re.compile(r"card[0-9]+")
 # The minors a container gets. controlD nodes (old kernels) are left out, as Intel's plugin does.
 _MINOR_NAME = re.compile(r"(card|renderD)[0-9]+")
-PCI_ADDRESS = re.compile(r"[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]")
 _DRIVER_NAME = re.compile(r"[a-z0-9][a-z0-9_-]{0,30}")
 DRI_DIR = "/dev/dri"
 BY_PATH_DIR = "/dev/dri/by-path"

@@ -24,12 +24,17 @@ from devplug.scanners.intel_gpu.settings import AllocationPolicy
 
 
 def share_order(device_id: str) -> tuple[str, int]:
-    """Sort key for GPU ids: by PCI address (fixed-width hex, so plain string order is bus
-    order), then by share number ("-2" before "-10")."""
+    """Sort key for GPU ids: by PCI address, then by share number ("-2" before "-10").
+
+    The kernel writes the domain as %04x (four digits or more) and the rest fixed-width, so
+    with the domain padded to eight digits plain string order is bus order.
+    """
     head, sep, tail = device_id.rpartition("-")
-    if sep and tail.isdigit():
-        return head, int(tail)
-    return device_id, -1
+    share = int(tail) if sep and tail.isdigit() else -1
+    if share < 0:
+        head = device_id
+    domain, colon, rest = head.partition(":")
+    return (domain.rjust(8, "0") + colon + rest if colon else head), share
 
 
 def _spread(

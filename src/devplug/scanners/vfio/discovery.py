@@ -12,10 +12,10 @@ import os
 import re
 from dataclasses import dataclass
 
+from devplug.naming import PCI_ADDRESS
 from devplug.scanners.udev import UdevDevice, UdevSource
 
 # Domains are 4 hex digits, or more behind VMD (10000:...).
-PCI_ADDRESS = re.compile(r"[0-9a-f]{4,8}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]")
 _VFIO_DEV = re.compile(r"vfio[0-9]+")
 _GROUP = re.compile(r"[0-9]{1,9}")
 NOIOMMU_NAME = "vfio-noiommu"

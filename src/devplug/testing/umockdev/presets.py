@@ -11,7 +11,7 @@ from devplug.testing.umockdev.files import _hex_id
 from devplug.testing.umockdev.host import _EMPTY, MockNode, UmockdevHost
 
 _PCI_ADDRESS_RE: Final = re.compile(
-    r"^([0-9a-fA-F]{4}):([0-9a-fA-F]{2}):([0-9a-fA-F]{2})\.([0-7])$"
+    r"^([0-9a-fA-F]{4,8}):([0-9a-fA-F]{2}):([0-9a-fA-F]{2})\.([0-7])$"
 )
 
 
