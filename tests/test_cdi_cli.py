@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -11,13 +12,14 @@ from devplug.cdi.build import INSTANCE_ANNOTATION, OWNER_ANNOTATION, OWNER_VALUE
 from devplug.testing.umockdev import UmockdevHost, add_intel_gpu
 
 
-def devplug(*args: str) -> subprocess.CompletedProcess[str]:
+def devplug(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "devplug", "cdi", "generate", "--scanner", "intel-gpu", *args],
         capture_output=True,
         text=True,
         timeout=60,
         check=False,
+        env={**os.environ, **(env or {})},
     )
 
 
@@ -79,3 +81,19 @@ def test_the_daemons_cdi_dir_is_refused(host: UmockdevHost, short_dir: Path) -> 
     result = devplug("--cdi-dir", str(short_dir / "cdi"))
     assert result.returncode == 2
     assert "--output-dir" in result.stderr and not (short_dir / "cdi").exists()
+
+
+def test_the_daemons_cdi_dir_in_the_environment_is_ignored(
+    host: UmockdevHost, short_dir: Path
+) -> None:
+    """Run beside a daemon whose environment sets DEVPLUG_CDI_DIR: the specs still go to
+    --output-dir, and the daemon's directory is not touched."""
+    gpus(host)
+    out, daemons = short_dir / "out", short_dir / "cdi"
+    result = devplug("--output-dir", str(out), env={"DEVPLUG_CDI_DIR": str(daemons)})
+    assert result.returncode == 0, result.stderr
+    assert sorted(p.name for p in out.iterdir()) == [
+        "gpu.intel.com-i915.json",
+        "gpu.intel.com-xe.json",
+    ]
+    assert not daemons.exists()

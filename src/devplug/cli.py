@@ -260,10 +260,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"devplug: configuration error: {exc}", file=sys.stderr)
         return EXIT_CONFIG
     if args.command == "cdi":
-        if args.cdi_dir is not None or os.environ.get("DEVPLUG_CDI_DIR"):
+        # The flag is refused: whoever typed it expected the specs there. DEVPLUG_CDI_DIR is
+        # not: it is the daemon's setting, present in its environment (a DaemonSet's env) when
+        # someone runs this command beside it, and generate never writes to cdi.dir anyway.
+        if args.cdi_dir is not None:
             print(
                 "devplug: configuration error: cdi generate writes to --output-dir (default "
-                "/etc/cdi), not to --cdi-dir / DEVPLUG_CDI_DIR, which the daemon manages",
+                "/etc/cdi), not to --cdi-dir, the directory the daemon manages",
                 file=sys.stderr,
             )
             return EXIT_CONFIG
