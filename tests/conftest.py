@@ -13,6 +13,11 @@ from typing import Any
 
 import pytest
 
+# grpc-core prints an informational line for every GOAWAY a simulated kubelet's channel gets
+# when a plugin server stops; failing tests' captured stderr stays readable without them. Set
+# before grpc is first imported (the imports below).
+os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
+
 from devplug.config import Settings
 from devplug.daemon.runner import Daemon
 from devplug.scanners.base import Scanner
