@@ -119,6 +119,30 @@ def test_natural_key_orders_pci_addresses_in_bus_order() -> None:
     assert sorted(paths, key=natural_key) == paths[::-1]
 
 
+def test_a_text_sorts_before_its_extensions() -> None:
+    assert sorted(["gpu1a", "gpu10", "gpu", "gpu1"], key=natural_key) == [
+        "gpu",
+        "gpu1",
+        "gpu1a",
+        "gpu10",
+    ]
+    assert sorted(["0000:03:00.0-0", "0000:03:00.0"], key=natural_key) == [
+        "0000:03:00.0",
+        "0000:03:00.0-0",
+    ]
+    child, parent = "/sys/devices/pci0000:00/0000:00:02.0/drm", "/sys/devices/pci0000:00"
+    assert sorted([child, parent], key=natural_key) == [parent, child]
+
+
+def test_hex_inside_a_longer_word_is_not_taken_for_a_pci_address() -> None:
+    """In "xa10000:00:02.0" the "a" belongs to the word "xa": the number is 10000 (decimal),
+    after 9, not a PCI domain a10000."""
+    assert sorted(["xa10000:00:02.0", "xa9:00:02.0"], key=natural_key) == [
+        "xa9:00:02.0",
+        "xa10000:00:02.0",
+    ]
+
+
 def test_natural_key_is_a_total_order() -> None:
     """Different texts never tie, so the order does not depend on the input's order."""
     texts = ["gpu01", "gpu1", "gpu001"]

@@ -120,7 +120,11 @@ def short_socket_file_name(resource: str) -> str:
 # A PCI address as the kernel names devices: domain (%04x, so 4 digits or more), bus, device
 # and function, in lower-case hex.
 PCI_ADDRESS = re.compile(r"[0-9a-f]{4,8}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]")
-_NATURAL_PARTS = re.compile(rf"({PCI_ADDRESS.pattern})|(\d+)")
+# In natural_key: a PCI address that does not start inside a longer word, or a decimal number.
+_NATURAL_PARTS = re.compile(rf"(?<![0-9A-Za-z])({PCI_ADDRESS.pattern})|(\d+)")
+
+# The parts of a text (numbers as numbers), then the text itself.
+NaturalKey = tuple[tuple[tuple[int, int | str], ...], str]
 
 
 def _pci_number(address: str) -> int:
@@ -129,21 +133,22 @@ def _pci_number(address: str) -> int:
     return int(domain, 16) << 20 | int(bus, 16) << 12 | int(device, 16) << 4 | int(function)
 
 
-def natural_key(text: str) -> tuple[tuple[int, int | str], ...]:
+def natural_key(text: str) -> NaturalKey:
     """Sort key that orders "gpu2" before "gpu10", and PCI addresses (hex) in bus order:
-    "0000:09:00.0" before "0000:0a:00.0". The text itself breaks ties ("gpu01", "gpu1")."""
-    key: list[tuple[int, int | str]] = []
+    "0000:09:00.0" before "0000:0a:00.0". A text sorts before its extensions ("gpu" before
+    "gpu1"); texts whose parts are equal ("gpu01", "gpu1") are ordered by the text itself,
+    so the order never depends on the order of the input."""
+    parts: list[tuple[int, int | str]] = []
     end = 0
     for match in _NATURAL_PARTS.finditer(text):
         if match.start() > end:
-            key.append((1, text[end : match.start()]))
+            parts.append((1, text[end : match.start()]))
         pci, digits = match.groups()
-        key.append((0, _pci_number(pci) if pci is not None else int(digits)))
+        parts.append((0, _pci_number(pci) if pci is not None else int(digits)))
         end = match.end()
     if end < len(text):
-        key.append((1, text[end:]))
-    key.append((2, text))
-    return tuple(key)
+        parts.append((1, text[end:]))
+    return tuple(parts), text
 
 
 def cdi_kind_problem(kind: str) -> str | None:

@@ -27,12 +27,6 @@ from devplug.model import DeviceInfo
 from devplug.naming import natural_key
 
 
-def _id_order(device_id: str) -> tuple[tuple[tuple[int, int | str], ...], str]:
-    """Natural order, then the id itself: "gpu01" and "gpu1" are equal to natural_key alone,
-    and the file must not depend on the order a map was filled in."""
-    return natural_key(device_id), device_id
-
-
 # Marks a spec file as devplug's: only marked files are ever replaced or deleted.
 OWNER_ANNOTATION = "devplug.io/managed-by"
 OWNER_VALUE = "devplug"
@@ -99,7 +93,7 @@ def resource_spec(
     without devices). Devices are listed in natural id order, so the file is stable."""
     entries = []
     edits_of: dict[int, ContainerEdits] = {}  # shares of one device have one DeviceInfo
-    for device_id in sorted(devices, key=_id_order):
+    for device_id in sorted(devices, key=natural_key):
         info = devices[device_id]
         edits = edits_of.get(id(info))
         if edits is None:
@@ -153,7 +147,7 @@ class SpecRenderer:
         names: list[str] = []
         versions = {self._head_version}
         if len(self._order) != len(devices) or not all(i in devices for i in self._order):
-            self._order = sorted(devices, key=_id_order)
+            self._order = sorted(devices, key=natural_key)
         for device_id in self._order:
             info = devices[device_id]
             cached = self._made.get(device_id)

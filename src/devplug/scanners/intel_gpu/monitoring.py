@@ -11,7 +11,7 @@ from collections import Counter
 from collections.abc import Iterable
 
 from devplug.model import DeviceInfo, DeviceNode
-from devplug.naming import natural_key
+from devplug.naming import NaturalKey, natural_key
 
 MONITORING_RESOURCE = "gpu.intel.com/monitoring"
 MONITORING_ID = "all"
@@ -22,7 +22,7 @@ class MonitorNodes:
 
     def __init__(self, paths: Iterable[str] = ()) -> None:
         self._counts: Counter[str] = Counter()
-        self._order: list[tuple[tuple[tuple[int, int | str], ...], str]] = []
+        self._order: list[NaturalKey] = []  # (parts, path), sorted
         self._nodes: dict[str, DeviceNode] = {}
         for path in paths:
             self.add(path)
@@ -30,7 +30,7 @@ class MonitorNodes:
     def add(self, path: str) -> None:
         self._counts[path] += 1
         if self._counts[path] == 1:
-            bisect.insort(self._order, (natural_key(path), path))
+            bisect.insort(self._order, natural_key(path))
             self._nodes[path] = DeviceNode(path)
 
     def discard(self, path: str) -> None:
@@ -40,8 +40,7 @@ class MonitorNodes:
         self._counts[path] -= 1
         if self._counts[path] == 0:
             del self._counts[path]
-            key = (natural_key(path), path)
-            del self._order[bisect.bisect_left(self._order, key)]
+            del self._order[bisect.bisect_left(self._order, natural_key(path))]
             del self._nodes[path]
 
     def device(self) -> DeviceInfo:
