@@ -106,3 +106,29 @@ def test_with_changes_shares_the_resources_it_does_not_touch() -> None:
     assert changed["example.com/a"] is tree["example.com/a"]
     assert changed["example.com/b"] is not tree["example.com/b"]
     assert set(tree["example.com/b"]) == {"y"} and set(changed["example.com/b"]) == {"z"}
+
+
+def test_merged_shares_the_resources_maps() -> None:
+    a = DeviceTree({"example.com/a": {"x": DeviceInfo()}})
+    b = DeviceTree({"example.com/b": {"y": DeviceInfo()}})
+    merged = a.merged(b)
+    assert merged["example.com/a"] is a["example.com/a"]
+    assert merged["example.com/b"] is b["example.com/b"]
+
+
+def test_narrowed_keeps_subsets_only_and_drops_emptied_resources() -> None:
+    info = DeviceInfo()
+    tree = DeviceTree({"example.com/a": {"x": info, "y": info}, "example.com/b": {"z": info}})
+    narrowed = tree.narrowed({"example.com/a": {"y": info}, "example.com/b": {}})
+    assert narrowed == DeviceTree({"example.com/a": {"y": info}})
+    assert tree == DeviceTree(
+        {"example.com/a": {"x": info, "y": info}, "example.com/b": {"z": info}}
+    )
+    with pytest.raises(ValueError, match="not a subset"):
+        tree.narrowed({"example.com/a": {"new": info}})  # an id never validated
+    with pytest.raises(ValueError, match="not a subset"):
+        tree.narrowed({"example.com/c": {"x": info}})
+    given = {"y": info}
+    copied = tree.narrowed({"example.com/a": given})
+    given["x"] = info  # the caller's dict changes: the tree does not
+    assert set(copied["example.com/a"]) == {"y"}

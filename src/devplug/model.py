@@ -245,16 +245,43 @@ class DeviceTree(Mapping[str, Mapping[str, DeviceInfo]]):
                 resources[name] = MappingProxyType(devices)
             else:
                 resources.pop(name, None)
-        tree = DeviceTree.__new__(DeviceTree)
-        tree._resources = MappingProxyType(resources)
-        return tree
+        return self._of(resources)
 
     def merged(self, other: DeviceTree) -> DeviceTree:
-        """This tree plus ``other``'s resources; a resource in both raises ValueError."""
+        """This tree plus ``other``'s resources; a resource in both raises ValueError.
+
+        The resources' maps are shared, not copied (both trees were validated): a scan merges
+        every scanner's tree, and an unchanged resource must stay the same object so that
+        what is cached per map (list limit, metrics, ListAndWatch message) is reused.
+        """
         clash = set(self) & set(other)
         if clash:
             raise ValueError(f"resources produced twice: {sorted(clash)}")
-        return DeviceTree({**self._resources, **other._resources})
+        return self._of({**self._resources, **other._resources})
+
+    def narrowed(self, kept: Mapping[str, Mapping[str, DeviceInfo]]) -> DeviceTree:
+        """This tree with the resources of ``kept`` replaced by those maps, each a subset of
+        the resource's devices (ValueError otherwise); an empty one removes the resource.
+        Read-only views are used as they are (the caller must not change what is beneath);
+        other maps are copied."""
+        resources = dict(self._resources)
+        for resource, devices in kept.items():
+            if resource not in resources or not devices.keys() <= resources[resource].keys():
+                raise ValueError(f"{resource}: not a subset of the tree's devices")
+            if not devices:
+                del resources[resource]
+            elif isinstance(devices, MappingProxyType):
+                resources[resource] = devices
+            else:
+                resources[resource] = MappingProxyType(dict(devices))
+        return self._of(resources)
+
+    @classmethod
+    def _of(cls, resources: dict[str, Mapping[str, DeviceInfo]]) -> DeviceTree:
+        """A tree of maps already validated (no copy, no checks)."""
+        tree = cls.__new__(cls)
+        tree._resources = MappingProxyType(resources)
+        return tree
 
 
 class DeviceTreeBuilder:

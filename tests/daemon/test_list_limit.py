@@ -147,6 +147,22 @@ def test_devplug_scan_shows_what_was_held_back() -> None:
     assert f"{HELD_BACK_SECTION}: {SERIAL}: {len(held):,} devices: over the kubelet's" in table
 
 
+def test_an_unchanged_resource_is_not_counted_again_between_scans() -> None:
+    """Scans share an unchanged resource's map (DeviceTree.merged copies nothing), so the
+    limit reuses its verdict and its trimmed map: the same objects come out."""
+    over = StaticScanner({SERIAL: {f"{'d' * 54}-{n:06d}": INFO for n in range(60_000)}})
+    small = StaticScanner({OTHER: serials(1, 2)})
+    runner = ScanRunner([over, small])
+    first = runner.scan_blocking()
+    small.set({OTHER: serials(1, 2, 3)})  # another resource changes
+    with structlog.testing.capture_logs() as logs:
+        second = runner.scan_blocking()
+    assert second.tree[SERIAL] is first.tree[SERIAL]
+    assert second.held_back[SERIAL] is first.held_back[SERIAL]
+    assert set(second.tree[OTHER]) == {"dev1", "dev2", "dev3"}
+    assert held_events(logs) == []
+
+
 async def test_a_resource_past_4_mib_is_served_trimmed_and_the_rest_refused(
     kubelet: KubeletSimulator, kubelet_dir: Path
 ) -> None:

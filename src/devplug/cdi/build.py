@@ -26,7 +26,6 @@ from devplug.errors import CdiSpecError
 from devplug.model import DeviceInfo
 from devplug.naming import natural_key
 
-
 # Marks a spec file as devplug's: only marked files are ever replaced or deleted.
 OWNER_ANNOTATION = "devplug.io/managed-by"
 OWNER_VALUE = "devplug"

@@ -14,6 +14,7 @@ ones held back are logged (once per change), counted in a metric and shown by ``
 from __future__ import annotations
 
 from collections.abc import Mapping
+from types import MappingProxyType
 
 import structlog
 
@@ -52,32 +53,41 @@ class ListLimit:
 
     def __init__(self, limit: int = KUBELET_MAX_RECEIVE_BYTES) -> None:
         self.limit = limit
-        # resource -> (the scanner's map last seen, what was advertised of it, the ids held)
+        # resource -> (the scanners' map last seen, what was advertised of it, the ids held)
         self._last: dict[str, tuple[DeviceMap, DeviceMap, tuple[str, ...]]] = {}
         self._near: set[str] = set()
 
     def fit(self, tree: DeviceTree) -> tuple[DeviceTree, dict[str, tuple[str, ...]]]:
-        """``tree`` without the devices that do not fit, and resource -> the ids held back."""
-        verdicts: dict[str, tuple[DeviceMap, tuple[str, ...]]] = {}
+        """``tree`` without the devices that do not fit, and resource -> the ids held back.
+
+        A resource whose map is the one seen last time (scans share unchanged resources'
+        maps) gets the same verdict and the same trimmed map, without being counted again.
+        """
+        verdicts: dict[str, tuple[DeviceMap, DeviceMap, tuple[str, ...]]] = {}
+        trimmed: dict[str, DeviceMap] = {}
         for resource, devices in tree.items():
             last = self._last.get(resource)
-            if last is None:
-                waiting = self._check(resource, devices, {}, ())
-            elif last[0] is devices:
-                waiting = last[2]  # the same map as last time (an unchanged resource)
+            if last is not None and last[0] is devices:
+                verdict = last
             else:
-                waiting = self._check(resource, devices, last[1], last[2])
-            verdicts[resource] = (devices, waiting)
-        removed = [(r, device_id) for r, (_, waiting) in verdicts.items() for device_id in waiting]
-        fitted = tree.with_changes(removed, {}) if removed else tree
-        # What was advertised, so that the next trim keeps it first.
-        self._last = {
-            resource: (devices, fitted[resource], waiting)
-            for resource, (devices, waiting) in verdicts.items()
-        }
+                advertised, held_before = (last[1], last[2]) if last is not None else ({}, ())
+                waiting = self._check(resource, devices, advertised, held_before)
+                kept = devices
+                if waiting:
+                    left_out = set(waiting)
+                    kept = MappingProxyType(
+                        {i: info for i, info in devices.items() if i not in left_out}
+                    )
+                verdict = (devices, kept, waiting)
+            verdicts[resource] = verdict
+            if verdict[2]:
+                trimmed[resource] = verdict[1]
+        self._last = verdicts
         self._near &= set(tree)
-        held = {resource: waiting for resource, (_, waiting) in verdicts.items() if waiting}
-        return fitted, held
+        fitted = tree.narrowed(trimmed) if trimmed else tree
+        return fitted, {
+            resource: waiting for resource, (_, _, waiting) in verdicts.items() if waiting
+        }
 
     def _check(
         self,
@@ -98,7 +108,7 @@ class ListLimit:
             if held_before:
                 log.info("list_limit.all_advertised", resource=resource, count=len(devices))
             return ()
-        # Those advertised before first (as they were ordered), then newcomers in id order.
+        # Those advertised before first, then newcomers, each in id order.
         order = sorted((i for i in advertised if i in sizes), key=natural_key)
         known = set(order)
         order += sorted((i for i in sizes if i not in known), key=natural_key)
