@@ -11,6 +11,7 @@ import asyncio
 import json
 import os
 import signal
+import subprocess
 import sys
 from pathlib import Path
 
@@ -133,3 +134,37 @@ async def test_the_entry_point_serves_reloads_on_sighup_and_stops_on_sigterm(
         "kubelet.sock",
         "kubelet_internal_checkpoint",
     ]
+
+
+async def test_a_loader_that_raises_something_else_exits_1_with_its_traceback(
+    kubelet_dir: Path, short_dir: Path
+) -> None:
+    config = short_dir / "config.yaml"
+    # A string where the loader expects a mapping: its .get() raises AttributeError.
+    config.write_text(f"kubelet_dir: {kubelet_dir}\nscanners:\n  dummy: text\n")
+    process = await start(short_dir, config)
+    try:
+        _, stderr = await asyncio.wait_for(process.communicate(), 60)
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
+    assert process.returncode == 1
+    text = stderr.decode()
+    assert text.startswith("dummy-plugin: cannot start: loading the configuration failed\n")
+    assert "Traceback" in text and "AttributeError" in text
+
+
+def test_importing_devplug_stays_light() -> None:
+    """Scanners and their tests import devplug: neither gRPC nor pydantic comes with it, and
+    the entry point's names load on first use."""
+    code = (
+        "import sys, devplug\n"
+        "print(sorted(m for m in ('grpc', 'pydantic', 'yaml') if m in sys.modules))\n"
+        "from devplug import Settings, load_settings, serve\n"
+        "print(serve.__module__, Settings.__module__, load_settings.__module__)\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
+    )
+    assert result.stdout.splitlines() == ["[]", "devplug.plugin devplug.config devplug.config"]

@@ -6,8 +6,10 @@ an entry point needs to serve its scanners (``load_settings``, ``Settings``, ``s
 Everything else is internal. Test tools live in :mod:`devplug.testing`.
 """
 
+from importlib import import_module
+from typing import TYPE_CHECKING, Any
+
 from devplug._version import __version__
-from devplug.config import Settings, load_settings
 from devplug.errors import AllocationError, ConfigError, DevplugError, InvalidNameError
 from devplug.model import (
     CdiEdits,
@@ -20,7 +22,6 @@ from devplug.model import (
     Health,
     Mount,
 )
-from devplug.plugin import serve
 from devplug.scanners.base import (
     Allocator,
     ContainerPreStarter,
@@ -32,6 +33,23 @@ from devplug.scanners.base import (
 )
 from devplug.scanners.incremental import TouchedPaths, TreeEdit
 from devplug.scanners.udev import UdevDevice, UdevEvent, UdevSource
+
+if TYPE_CHECKING:
+    from devplug.config import Settings, load_settings
+    from devplug.plugin import serve
+
+# Loaded on first use: they bring pydantic and YAML, which scanners and their tests do not need.
+_LAZY = {"Settings": "devplug.config", "load_settings": "devplug.config", "serve": "devplug.plugin"}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'devplug' has no attribute {name!r}")
+    value = getattr(import_module(module), name)
+    globals()[name] = value
+    return value
+
 
 __all__ = [
     "AllocationError",

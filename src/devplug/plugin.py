@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import os
 import sys
+import traceback
 from collections.abc import Callable, Sequence
 
 import structlog
@@ -31,14 +32,20 @@ def serve(load: Loader, *, program: str = "devplug") -> int:
     calls ``load`` again and applies the result (a refused one keeps the running config).
 
     Returns the exit status: 0 after an orderly stop, 2 for a configuration error (printed to
-    stderr as ``<program>: configuration error: ...``; nothing was served), 1 if the daemon
-    crashed (logged).
+    stderr as ``<program>: configuration error: ...``; nothing was served), 1 if ``load``
+    raised anything else (its traceback on stderr) or the daemon crashed (logged).
     """
     try:
         settings, scanners = load()
     except ConfigError as exc:
         print(f"{program}: configuration error: {exc}", file=sys.stderr)
         return EXIT_CONFIG
+    except Exception:
+        # A bug in the loader, not a wrong config: the traceback is what its author needs
+        # (logging is not configured yet).
+        print(f"{program}: cannot start: loading the configuration failed", file=sys.stderr)
+        traceback.print_exc()
+        return 1
     configure(settings.log_format, settings.log_level)
     return run_daemon(settings, scanners, load, program=program)
 

@@ -147,6 +147,23 @@ def test_devplug_scan_shows_what_was_held_back() -> None:
     assert f"{HELD_BACK_SECTION}: {SERIAL}: {len(held):,} devices: over the kubelet's" in table
 
 
+class ReportingScanner(StaticScanner):
+    """A scanner whose report claims the section the list limit reports in."""
+
+    def report(self) -> dict[str, object]:
+        return {HELD_BACK_SECTION: [{"id": "mine", "reason": "a scanner's own"}]}
+
+
+def test_a_scanner_cannot_take_the_held_back_section() -> None:
+    ids = {f"{'d' * 54}-{n:06d}": INFO for n in range(60_000)}
+    with structlog.testing.capture_logs() as logs:
+        result = ScanRunner([ReportingScanner({SERIAL: ids})]).scan_blocking()
+    sections = result.extras[HELD_BACK_SECTION]
+    assert isinstance(sections, list) and [s["id"] for s in sections] == [SERIAL]
+    clash = [e for e in logs if e["event"] == "scan.report.clash"]
+    assert [e["section"] for e in clash] == [HELD_BACK_SECTION]
+
+
 def test_an_unchanged_resource_is_not_counted_again_between_scans() -> None:
     """Scans share an unchanged resource's map (DeviceTree.merged copies nothing), so the
     limit reuses its verdict and its trimmed map: the same objects come out."""

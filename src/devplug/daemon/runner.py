@@ -258,8 +258,10 @@ class Daemon:
         runner = ScanRunner(scanners, self.scan_runner.list_limit)
         try:
             # A trial scan: a config the host cannot be served with (a list too big for the
-            # kubelet, say) is refused here, not by stopping the daemon.
-            await runner.scan()
+            # kubelet, say) is refused here, not by stopping the daemon. Under the scan lock:
+            # it shares the list limit, which one scan at a time may use.
+            async with self._scan_lock:
+                await runner.scan()
         except ConfigError as exc:
             log.error(
                 "config.reload.refused",

@@ -128,7 +128,7 @@ class ScanRunner:
         for scanner in self.scanners:
             if isinstance(scanner, Reporter):
                 for section, content in scanner.report().items():
-                    if section == "resources" or section in extras:
+                    if section in ("resources", HELD_BACK_SECTION) or section in extras:
                         # "resources" lists only what is advertised; sections are one owner's.
                         log.error("scan.report.clash", scanner=scanner.name, section=section)
                         continue
