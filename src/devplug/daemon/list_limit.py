@@ -2,9 +2,10 @@
 
 The kubelet reads a plugin's lists with gRPC's 4 MiB limit; one byte more fails the stream and
 the resource's capacity drops to zero until the plugin restarts (see ANCHORS, and
-:mod:`devplug.sizing`). The Intel GPU scanner keeps its own lists in bounds and refuses a host
-too big at start-up; this guard covers every other scanner, a plugin author's included: a
-generic entry with ``shares: 1000`` matching a few hundred devices is enough to overflow.
+:mod:`devplug.sizing`). This guard covers every scanner, a plugin author's included: a
+generic entry with ``shares: 1000`` matching a few hundred devices is enough to overflow. The
+Intel GPU scanner also keeps its own lists in bounds (whole GPUs, not single shares, wait, and
+a host too big at start-up is refused), so for its resources this guard never has to act.
 
 When a resource's list would not fit, the devices it already advertised keep their place and
 newcomers wait, taken in id order, so capacity never shrinks under pods that hold devices. The
