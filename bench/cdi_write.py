@@ -5,10 +5,11 @@ resource, in a scratch dir (a tmpfs when we may mount one), medians of ``--runs`
 
 - floor: ``json.dumps`` of the same spec document (compact) plus a plain ``write_bytes`` of
   it to the same directory: the least any writer of this file does;
-- first: a new SpecRenderer rendering every device, then the atomic write (temp file,
-  fsync, 0644, rename, directory fsync);
+- first: a new SpecRenderer rendering every device, then the daemon's write through its
+  SpecStore (ownership record, then the atomic write: temp file, fsync, 0644, rename,
+  directory fsync; all file I/O through aiofiles);
 - one change: one device replaced, rendered again (the other devices' fragments reused), and
-  written atomically: what a hotplug event costs the CDI task.
+  written the same way: what a hotplug event costs the CDI task.
 
 Nothing is asserted.
 
@@ -18,6 +19,7 @@ Nothing is asserted.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import statistics
 import time
@@ -25,8 +27,9 @@ from pathlib import Path
 
 from bench.common import scratch_dir
 from devplug.cdi.build import SpecRenderer, resource_spec
-from devplug.cdi.files import write_spec_file
+from devplug.cdi.ownership import OwnerLock
 from devplug.cdi.spec import spec_document
+from devplug.cdi.store import SpecStore
 from devplug.model import DeviceInfo, DeviceNode, Mount
 
 RESOURCE = KIND = "gpu.intel.com/i915"
@@ -48,35 +51,39 @@ def median_ms(samples: list[float]) -> float:
     return statistics.median(samples) * 1000
 
 
-def measure(count: int, runs: int, directory: Path) -> None:
+async def measure(count: int, runs: int, directory: Path) -> None:
     devices = {
         f"0000:{i // 256 + 1:02x}:{i % 256 // 8:02x}.{i % 8}": gpu(i, i) for i in range(count)
     }
-    spec = resource_spec(RESOURCE, KIND, devices)
+    spec = resource_spec(KIND, devices)
     assert spec is not None
     document = spec_document(spec)
     floor, first, change = [], [], []
+    store = SpecStore(directory, "bench", OwnerLock(directory))
+    await store.prepare()
     for run in range(runs):
         started = time.perf_counter()
-        (directory / FILE).unlink(missing_ok=True)  # the first write finds no file
+        await store.remove(FILE)  # the first write finds no file
+        (directory / FILE).unlink(missing_ok=True)
         (directory / "plain.json").write_bytes(json.dumps(document, separators=(",", ":")).encode())
         floor.append(time.perf_counter() - started)
 
         started = time.perf_counter()
-        renderer = SpecRenderer(RESOURCE, KIND)
+        await store.prepare()  # as the daemon does once per pass
+        renderer = SpecRenderer(KIND)
         rendered = renderer.render(devices)
         assert rendered is not None
-        stamp = write_spec_file(directory, FILE, rendered.data)
+        await store.write(FILE, RESOURCE, rendered.data)
         first.append(time.perf_counter() - started)
 
         changed = dict(devices)
         key = next(iter(devices))
         changed[key] = gpu(0, 10_000 + run)
         started = time.perf_counter()
+        await store.prepare()
         rendered = renderer.render(changed)
         assert rendered is not None
-        # As the daemon does: the stamp of its own last write spares re-reading the file.
-        write_spec_file(directory, FILE, rendered.data, ours=stamp)
+        await store.write(FILE, RESOURCE, rendered.data)
         change.append(time.perf_counter() - started)
     size = (directory / FILE).stat().st_size
     print(
@@ -86,6 +93,8 @@ def measure(count: int, runs: int, directory: Path) -> None:
         f"changed {median_ms(change):.1f} ms ({median_ms(change) / median_ms(floor):.2f}x) "
         f"(medians of {runs})"
     )
+    await store.remove(FILE)
+    await store.close()
 
 
 def main() -> None:
@@ -95,7 +104,7 @@ def main() -> None:
     args = parser.parse_args()
     with scratch_dir("256m") as directory:
         for count in args.sizes:
-            measure(count, args.runs, directory)
+            asyncio.run(measure(count, args.runs, directory))
 
 
 if __name__ == "__main__":

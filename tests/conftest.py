@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import os
 import shutil
 import tempfile
@@ -18,6 +19,11 @@ import pytest
 # before grpc is first imported (the imports below).
 os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
 
+from cdi_library import check_spec_dir, in_ci, missing_toolchain
+
+from devplug.cdi import files as cdi_files
+from devplug.cdi import store as cdi_store
+from devplug.cdi.files import FileStamp
 from devplug.config import Settings
 from devplug.daemon.runner import Daemon
 from devplug.scanners.base import Scanner
@@ -82,6 +88,51 @@ async def start_daemon(kubelet: KubeletSimulator) -> AsyncIterator[DaemonStarter
             return await stack.enter_async_context(running_daemon(settings, scanners, **options))
 
         yield start
+
+
+# Contents already loaded by the CDI library in this session (tests write the same specs often).
+_LIBRARY_CHECKED: set[str] = set()
+
+
+@pytest.fixture(autouse=True)
+def _specs_pass_the_cdi_library(
+    monkeypatch: pytest.MonkeyPatch, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[None]:
+    """Every spec file the code under test writes (in this process) is also loaded by the
+    official CDI library, the 0.5.2 that Debian 12's podman links: a spec it rejects fails the
+    test. Our own model and schema are not the judge of what runtimes accept.
+
+    Outside CI, a machine without Go or the library's source skips the check (CI must run it).
+    """
+    written: dict[str, tuple[str, bytes]] = {}  # content digest -> (file name, content)
+    real_write = cdi_files.write_atomically  # what the store calls, under its own name
+
+    async def observed(directory: Path, file_name: str, data: bytes, *args: Any) -> FileStamp:
+        stamp = await real_write(directory, file_name, data, *args)
+        written.setdefault(hashlib.sha256(data).hexdigest(), (file_name, data))
+        return stamp
+
+    monkeypatch.setattr(cdi_store, "write_atomically", observed)
+    yield
+    new = {digest: spec for digest, spec in written.items() if digest not in _LIBRARY_CHECKED}
+    if not new or (missing_toolchain() is not None and not in_ci()):
+        return
+    # Several versions of one spec file conflict in one dir (the same devices twice): each
+    # version goes to the first dir that does not hold its file name yet.
+    root = tmp_path_factory.mktemp("cdi-library")
+    dirs: list[Path] = []
+    for file_name, data in new.values():
+        target = next((d for d in dirs if not (d / file_name).exists()), None)
+        if target is None:
+            target = root / str(len(dirs))
+            target.mkdir()
+            dirs.append(target)
+        (target / file_name).write_bytes(data)
+    for directory in dirs:
+        result = check_spec_dir(directory)
+        if not result.ok:
+            pytest.fail(f"the CDI library (0.5.2) rejects a spec this test wrote: {result}")
+    _LIBRARY_CHECKED.update(new)
 
 
 @pytest.fixture(autouse=True)

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import subprocess
 import sys
 from pathlib import Path
 
-from devplug.cdi.build import INSTANCE_ANNOTATION, OWNER_ANNOTATION, OWNER_VALUE
+from devplug.cdi.ownership import STATE_DIR, read_record
 from devplug.testing.umockdev import UmockdevHost, add_intel_gpu
 
 
@@ -35,9 +36,10 @@ def test_stdout_prints_every_spec_by_file_name(host: UmockdevHost) -> None:
     specs = json.loads(result.stdout)
     assert sorted(specs) == ["gpu.intel.com-i915.json", "gpu.intel.com-xe.json"]
     xe = specs["gpu.intel.com-xe.json"]
-    assert xe["kind"] == "gpu.intel.com/xe" and xe["cdiVersion"] == "0.6.0"
+    # PCI addresses start with a digit: 0.5.0, and nothing of devplug's own raises it.
+    assert xe["kind"] == "gpu.intel.com/xe" and xe["cdiVersion"] == "0.5.0"
+    assert "annotations" not in xe
     assert [d["name"] for d in xe["devices"]] == ["0000:03:00.0"]
-    assert xe["annotations"][INSTANCE_ANNOTATION] == "intel_gpu"
 
 
 def test_output_dir_is_written_and_pruned_only_when_asked(
@@ -48,8 +50,10 @@ def test_output_dir_is_written_and_pruned_only_when_asked(
     out.mkdir()
 
     def marked(instance: str) -> str:
-        annotations = {OWNER_ANNOTATION: OWNER_VALUE, INSTANCE_ANNOTATION: instance}
-        return json.dumps({"kind": "gpu.intel.com/gone", "annotations": annotations})
+        """A spec as devplug wrote it before it kept records (0.6.0, annotated, compact)."""
+        annotations = {"devplug.io/managed-by": "devplug", "devplug.io/instance": instance}
+        head = {"cdiVersion": "0.6.0", "kind": "gpu.intel.com/gone", "annotations": annotations}
+        return json.dumps(head, separators=(",", ":"))[:-1] + ',"devices":[]}'
 
     ours_stale, other_instance = marked("intel_gpu"), marked("generic")
     (out / "gpu.intel.com-gone.json").write_text(ours_stale)
@@ -63,11 +67,14 @@ def test_output_dir_is_written_and_pruned_only_when_asked(
         f"wrote {out}/gpu.intel.com-xe.json",
     ]
     assert (out / "gpu.intel.com-gone.json").exists()  # no --prune: nothing removed
+    # The ownership records: where runtimes do not look, naming no running daemon.
+    record = asyncio.run(read_record(out, "gpu.intel.com-xe.json"))
+    assert record is not None and record.instance == "intel_gpu" and record.owner == ""
 
     pruned = devplug("--output-dir", str(out), "--prune")
     assert pruned.returncode == 0, pruned.stderr
     assert pruned.stdout.splitlines()[-1].startswith(f"removed {out}/gpu.intel.com-gone.json")
-    assert sorted(p.name for p in out.iterdir()) == [
+    assert sorted(p.name for p in out.iterdir() if p.name != STATE_DIR) == [
         "example.com-theirs.json",  # another instance's: left alone
         "gpu.intel.com-i915.json",
         "gpu.intel.com-xe.json",
@@ -92,7 +99,7 @@ def test_the_daemons_cdi_dir_in_the_environment_is_ignored(
     out, daemons = short_dir / "out", short_dir / "cdi"
     result = devplug("--output-dir", str(out), env={"DEVPLUG_CDI_DIR": str(daemons)})
     assert result.returncode == 0, result.stderr
-    assert sorted(p.name for p in out.iterdir()) == [
+    assert sorted(p.name for p in out.iterdir() if p.name != STATE_DIR) == [
         "gpu.intel.com-i915.json",
         "gpu.intel.com-xe.json",
     ]

@@ -163,7 +163,12 @@ def _cdi_generate(
     stdout: bool,
     prune: bool,
 ) -> int:
-    from devplug.cdi.generate import STATIC_CDI_DIR, specs_text, tree_specs, write_tree_specs
+    from devplug.cdi.generate import (
+        STATIC_CDI_DIR,
+        specs_text,
+        tree_specs,
+        write_tree_specs_blocking,
+    )
     from devplug.daemon.cdi_sync import default_instance
     from devplug.daemon.scanning import ScanRunner
 
@@ -171,14 +176,17 @@ def _cdi_generate(
     directory = output_dir or STATIC_CDI_DIR
     try:
         tree = ScanRunner(scanners).scan_blocking().tree
-        specs = tree_specs(tree, settings.cdi.kinds, instance)
+        specs = tree_specs(tree, settings.cdi.kinds)
         if stdout:
             sys.stdout.write(specs_text(specs))
             return 0
-        written, removed = write_tree_specs(directory, specs, instance if prune else None)
+        written, removed = write_tree_specs_blocking(directory, specs, instance, prune=prune)
     except (ConfigError, CdiSpecError) as exc:
         print(f"devplug: configuration error: {exc}", file=sys.stderr)
         return EXIT_CONFIG
+    except FileExistsError as exc:  # ForeignSpecError, SpecHeldError: someone else's file
+        print(f"devplug: {exc.strerror or exc}", file=sys.stderr)
+        return 1
     except OSError as exc:
         print(f"devplug: cannot write specs to {directory}: {exc.strerror or exc}", file=sys.stderr)
         return 1

@@ -1,5 +1,5 @@
 """Spec files on real filesystems: atomic replacement, a crash mid-write, full and read-only
-filesystems, and never touching a file devplug did not write.
+filesystems, ownership records and locks, and never touching a file devplug did not write.
 
 The full and read-only filesystems are real tmpfs mounts when the tests run as root; without
 root, a read-only dir is a chmod 0555 dir (EACCES) and the full-disk test is skipped.
@@ -15,42 +15,53 @@ import signal
 import stat
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 
+import aiofiles.os
 import pytest
 
-from devplug.cdi.build import OWNER_ANNOTATION, OWNER_VALUE, RESOURCE_ANNOTATION
-from devplug.cdi.files import (
-    SPEC_SUFFIXES,
-    TEMP_PREFIX,
-    ForeignSpecError,
-    file_stamp,
-    owned_specs,
-    owner_of,
-    remove_owned_spec,
-    remove_temp_files,
-    write_spec_file,
+from devplug.cdi.files import SPEC_SUFFIXES, TEMP_PREFIX, file_stamp, remove_temp_files
+from devplug.cdi.ownership import (
+    STATE_DIR,
+    OwnerLock,
+    OwnerRecord,
+    content_id,
+    legacy_owner,
+    owner_alive,
+    read_record,
+    record_path,
+    write_record,
 )
+from devplug.cdi.store import ForeignSpecError, SpecHeldError, SpecStore
 
 RESOURCE = "example.com/serial"
 NAME = "example.com-serial.json"
+INSTANCE = "generic"
 ROOT = os.geteuid() == 0
 
 
-def owned(resource: str | None = RESOURCE, pad: int = 0, **extra: object) -> bytes:
-    """A spec document carrying devplug's owner annotation (``resource`` None: unnamed)."""
-    annotations = {OWNER_ANNOTATION: OWNER_VALUE}
-    if resource is not None:
-        annotations[RESOURCE_ANNOTATION] = resource
-    document: dict[str, object] = {
+def spec(pad: int = 0, kind: str = RESOURCE) -> bytes:
+    """A spec document as devplug writes it now: no annotations."""
+    document = {
         "cdiVersion": "0.3.0",
-        "kind": resource or "example.com/unnamed",
-        "annotations": annotations,
-        "devices": [{"name": "dev0", "containerEdits": {"env": ["PAD=" + "x" * pad]}}],
-        **extra,
+        "kind": kind,
+        "devices": [
+            {"name": "dev0", "containerEdits": {"deviceNodes": [{"path": "/dev/x" + "y" * pad}]}}
+        ],
     }
-    return json.dumps(document).encode() + b"\n"
+    return json.dumps(document, separators=(",", ":")).encode() + b"\n"
+
+
+def legacy_spec(instance: str | None = INSTANCE, resource: str = RESOURCE) -> bytes:
+    """A spec exactly as devplug wrote it before it kept records (compact, 0.6.0, annotated)."""
+    annotations = {"devplug.io/managed-by": "devplug", "devplug.io/resource": resource}
+    if instance is not None:
+        annotations["devplug.io/instance"] = instance
+    head = {"cdiVersion": "0.6.0", "kind": resource, "annotations": annotations}
+    device = {"name": "dev0", "containerEdits": {"deviceNodes": [{"path": "/dev/x"}]}}
+    compact = json.dumps(head, separators=(",", ":")).encode()
+    return compact[:-1] + b',"devices":[' + json.dumps(device).encode() + b"]}\n"
 
 
 FOREIGN = b'{"cdiVersion":"0.6.0","kind":"vendor.example/gpu","devices":[]}\n'
@@ -58,6 +69,33 @@ FOREIGN = b'{"cdiVersion":"0.6.0","kind":"vendor.example/gpu","devices":[]}\n'
 
 def temp_files(directory: Path) -> list[str]:
     return sorted(n for n in os.listdir(directory) if n.startswith(TEMP_PREFIX))
+
+
+def listing(directory: Path) -> list[str]:
+    """What a runtime sees in the dir: everything but devplug's state dir."""
+    return sorted(n for n in os.listdir(directory) if n != STATE_DIR)
+
+
+StoreFactory = Callable[..., Awaitable[SpecStore]]
+
+
+@pytest.fixture
+async def store_of() -> AsyncIterator[StoreFactory]:
+    """Factory: a daemon's SpecStore (holding a lock of its own) on a dir, prepared."""
+    made: list[SpecStore] = []
+
+    async def make(directory: Path, instance: str = INSTANCE, *, lock: bool = True) -> SpecStore:
+        store = SpecStore(directory, instance, OwnerLock(directory) if lock else None)
+        await store.prepare()
+        made.append(store)
+        return store
+
+    try:
+        yield make
+    finally:
+        for store in made:
+            with contextlib.suppress(OSError):
+                await store.close()
 
 
 @contextlib.contextmanager
@@ -87,111 +125,136 @@ def remount(path: Path, options: str) -> None:
 # ------------------------------------------------------------------------- writing
 
 
-def test_write_creates_the_dir_and_the_file_with_mode_0644_and_exact_content(
-    tmp_path: Path,
+async def test_write_creates_the_dir_and_the_file_with_mode_0644_and_exact_content(
+    tmp_path: Path, store_of: StoreFactory
 ) -> None:
     directory = tmp_path / "etc" / "cdi"
-    data = owned(pad=100)
-    old_umask = os.umask(0o077)  # the mode must not depend on the umask
+    old_umask = os.umask(0o077)  # the modes must not depend on the umask
     try:
-        stamp = write_spec_file(directory, NAME, data)
+        store = await store_of(directory)
+        written = await store.write(NAME, RESOURCE, spec(100))
     finally:
         os.umask(old_umask)
     target = directory / NAME
-    assert target.read_bytes() == data
+    assert target.read_bytes() == spec(100)
     info = os.lstat(target)
     assert stat.S_ISREG(info.st_mode) and stat.S_IMODE(info.st_mode) == 0o644
-    assert stamp == file_stamp(target)
-    assert stamp == (info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns)
-    assert directory.is_dir()
-    assert os.listdir(directory) == [NAME]  # no temp file left
+    assert written.changed and written.stamp == file_stamp(target)
+    assert written.stamp == (info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns)
+    assert listing(directory) == [NAME]  # no temp file left
+    # The bookkeeping sits where no runtime looks, readable by devplug alone.
+    state = directory / STATE_DIR
+    assert stat.S_IMODE(os.lstat(state).st_mode) == 0o700
+    record_file = record_path(directory, NAME)
+    assert stat.S_IMODE(os.lstat(record_file).st_mode) == 0o600
+    record = await read_record(directory, NAME)
+    assert record == OwnerRecord(RESOURCE, INSTANCE, store.owner, (content_id(spec(100)),))
+    assert sorted(os.listdir(state)) == sorted([record_file.name, f"{store.owner}.lock"])
 
 
-def test_replacing_a_spec_keeps_the_other_files(tmp_path: Path) -> None:
+async def test_replacing_a_spec_keeps_the_other_files(
+    tmp_path: Path, store_of: StoreFactory
+) -> None:
     other = tmp_path / "example.com-other.json"
-    other.write_bytes(owned("example.com/other"))
+    other.write_bytes(FOREIGN)
     notes = tmp_path / "README"
     notes.write_text("hands off")
-    first = write_spec_file(tmp_path, NAME, owned(pad=10))
-    second = write_spec_file(tmp_path, NAME, owned(pad=20), ours=first)
-    assert (tmp_path / NAME).read_bytes() == owned(pad=20)
-    assert second is not None and first is not None and second[1] != first[1]  # a new inode
-    assert other.read_bytes() == owned("example.com/other")
-    assert notes.read_text() == "hands off"
-    assert sorted(os.listdir(tmp_path)) == sorted([NAME, other.name, notes.name])
-
-
-def test_a_file_devplug_wrote_earlier_is_replaced_without_a_stamp(tmp_path: Path) -> None:
-    (tmp_path / NAME).write_bytes(owned(pad=1))  # from an earlier run: recognised by reading
-    write_spec_file(tmp_path, NAME, owned(pad=2))
-    assert (tmp_path / NAME).read_bytes() == owned(pad=2)
+    store = await store_of(tmp_path)
+    first = await store.write(NAME, RESOURCE, spec(10))
+    second = await store.write(NAME, RESOURCE, spec(20))
+    assert (tmp_path / NAME).read_bytes() == spec(20)
+    assert second.stamp.inode != first.stamp.inode  # a new file, renamed over the old
+    record = await read_record(tmp_path, NAME)
+    assert record is not None and record.contents == (content_id(spec(20)), content_id(spec(10)))
+    assert other.read_bytes() == FOREIGN and notes.read_text() == "hands off"
+    assert listing(tmp_path) == sorted([NAME, other.name, notes.name])
 
 
 @pytest.mark.parametrize(
     "name", ["../x.json", "a/b.json", ".hidden.json", "x.yaml", "x", "x.json\0", ""]
 )
-def test_names_that_are_not_spec_file_names_are_refused(tmp_path: Path, name: str) -> None:
-    with pytest.raises(ValueError, match="not a spec file name"):
-        write_spec_file(tmp_path, name, owned())
-    with pytest.raises(ValueError, match="not a spec file name"):
-        remove_owned_spec(tmp_path, name)
-    assert os.listdir(tmp_path) == []
-
-
-def test_a_failed_write_removes_its_temp_file_and_keeps_the_old_spec(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+async def test_names_that_are_not_spec_file_names_are_refused(
+    tmp_path: Path, store_of: StoreFactory, name: str
 ) -> None:
-    write_spec_file(tmp_path, NAME, owned(pad=1))
-    temps: list[str] = []
+    store = await store_of(tmp_path)
+    with pytest.raises(ValueError, match="not a spec file name"):
+        await store.write(name, RESOURCE, spec())
+    with pytest.raises(ValueError, match="not a spec file name"):
+        await store.remove(name)
+    assert listing(tmp_path) == []
 
-    def failing_replace(source: str, target: object) -> None:
+
+async def test_a_failed_write_removes_its_temp_file_and_keeps_the_old_spec(
+    tmp_path: Path, store_of: StoreFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = await store_of(tmp_path)
+    await store.write(NAME, RESOURCE, spec(1))
+    temps: list[str] = []
+    real_replace = aiofiles.os.replace
+
+    async def failing_replace(source: str, target: Path) -> None:
+        if Path(target).name != NAME:
+            return await real_replace(source, target)  # the record goes through
         temps.append(os.path.basename(source))
-        assert os.path.exists(source)  # written and complete before the rename
-        assert Path(source).read_bytes() == owned(pad=2)
+        assert Path(source).read_bytes() == spec(2)  # written and complete before the rename
         assert stat.S_IMODE(os.stat(source).st_mode) == 0o644
         raise OSError(errno.EIO, "injected")
 
-    monkeypatch.setattr(os, "replace", failing_replace)
+    monkeypatch.setattr(aiofiles.os, "replace", failing_replace)
     with pytest.raises(OSError, match="injected"):
-        write_spec_file(tmp_path, NAME, owned(pad=2))
+        await store.write(NAME, RESOURCE, spec(2))
     monkeypatch.undo()
-    assert (tmp_path / NAME).read_bytes() == owned(pad=1)
-    assert os.listdir(tmp_path) == [NAME]
+    assert (tmp_path / NAME).read_bytes() == spec(1)
+    assert listing(tmp_path) == [NAME]
     (temp,) = temps
     assert temp.startswith(TEMP_PREFIX) and not temp.endswith(SPEC_SUFFIXES)
+    # The record names both contents, so the old file is still recognised as ours.
+    record = await read_record(tmp_path, NAME)
+    assert record is not None and content_id(spec(1)) in record.contents
+    assert (await store.write(NAME, RESOURCE, spec(3))).changed
 
 
-# A child that writes a spec and is killed with half of it written: os.write writes half,
-# says so, and hangs until the SIGKILL.
+# A child that writes a spec and is killed once the temp file holds all of it but before the
+# rename: the fchmod after the write announces it and hangs until the SIGKILL.
 CRASHING_WRITER = """
-import os, sys, time
+import asyncio, sys, time
 from pathlib import Path
 from devplug.cdi import files
+from devplug.cdi.store import SpecStore
 
-real_write = os.write
+real_fchmod = files._fchmod
 
-def half_write(handle, data):
-    written = real_write(handle, data[: len(data) // 2])
-    sys.stdout.write("half\\n")
-    sys.stdout.flush()
-    time.sleep(60)
-    return written
+async def announce_and_hang(handle, mode):
+    if mode == files.SPEC_MODE:
+        sys.stdout.write("written\\n")
+        sys.stdout.flush()
+        time.sleep(60)
+    await real_fchmod(handle, mode)
 
-os.write = half_write
-files.write_spec_file(Path(sys.argv[1]), sys.argv[2], Path(sys.argv[3]).read_bytes())
+files._fchmod = announce_and_hang
+
+async def main():
+    store = SpecStore(Path(sys.argv[1]), "generic")
+    await store.prepare()
+    await store.write(sys.argv[2], "example.com/serial", Path(sys.argv[3]).read_bytes())
+
+asyncio.run(main())
 """
 
 
-def test_a_crash_mid_write_leaves_the_old_spec_and_a_temp_file_runtimes_skip(
-    tmp_path: Path,
+async def test_a_crash_mid_write_leaves_the_old_spec_and_a_temp_file_runtimes_skip(
+    tmp_path: Path, store_of: StoreFactory
 ) -> None:
     directory = tmp_path / "cdi"
-    old = owned(pad=10)
-    write_spec_file(directory, NAME, old)
-    new = owned(pad=4 * 1024 * 1024)
+    old = spec(10)
+    first = await store_of(directory)
+    await first.write(NAME, RESOURCE, old)
+    await first.close()  # that daemon is gone; its spec stays
+    new = spec(4 * 1024 * 1024)
     payload = tmp_path / "payload"
     payload.write_bytes(new)
-    child = subprocess.Popen(
+    # Driven by blocking line reads: nothing else runs on this test's loop meanwhile.
+    child = subprocess.Popen(  # noqa: ASYNC220
         [sys.executable, "-c", CRASHING_WRITER, str(directory), NAME, str(payload)],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -199,9 +262,9 @@ def test_a_crash_mid_write_leaves_the_old_spec_and_a_temp_file_runtimes_skip(
     )
     try:
         assert child.stdout is not None
-        assert child.stdout.readline() == "half\n", child.stderr.read() if child.stderr else ""
+        assert child.stdout.readline() == "written\n", child.stderr.read() if child.stderr else ""
         (temp,) = temp_files(directory)
-        assert (directory / temp).stat().st_size == len(new) // 2  # it was partway
+        assert (directory / temp).stat().st_size == len(new)
         assert (directory / NAME).read_bytes() == old
         child.send_signal(signal.SIGKILL)
         assert child.wait(timeout=10) == -signal.SIGKILL
@@ -215,79 +278,88 @@ def test_a_crash_mid_write_leaves_the_old_spec_and_a_temp_file_runtimes_skip(
     assert (directory / NAME).read_bytes() == old
     assert temp_files(directory) == [temp]  # left behind by the crash...
     assert not temp.endswith(SPEC_SUFFIXES)  # ...under a name runtimes do not load
-    assert owned_specs(directory) == {NAME: RESOURCE}
-    assert remove_temp_files(directory) == 1
-    assert os.listdir(directory) == [NAME]
-    assert remove_temp_files(directory) == 0
+    # The record written before the crash names the new content and the old: the file is
+    # still recognised as devplug's, and the next daemon of the instance takes it over.
+    record = await read_record(directory, NAME)
+    assert record is not None and record.contents == (content_id(new), content_id(old))
+    assert await remove_temp_files(directory) == 1
+    assert listing(directory) == [NAME]
+    assert await remove_temp_files(directory) == 0
+    after = await store_of(directory)
+    assert (await after.write(NAME, RESOURCE, spec(5))).changed
 
 
-def test_remove_temp_files_touches_only_regular_temp_files(tmp_path: Path) -> None:
+async def test_remove_temp_files_touches_only_regular_temp_files(tmp_path: Path) -> None:
     (tmp_path / f"{TEMP_PREFIX}a").write_bytes(b"partial")
     (tmp_path / f"{TEMP_PREFIX}b").write_bytes(b"")
     (tmp_path / f"{TEMP_PREFIX}dir").mkdir()
     (tmp_path / "elsewhere").write_text("target")
     (tmp_path / f"{TEMP_PREFIX}link").symlink_to(tmp_path / "elsewhere")
     (tmp_path / "x-devplug-tmp-c").write_text("not a prefix")
-    (tmp_path / NAME).write_bytes(owned())
-    assert remove_temp_files(tmp_path) == 2
+    (tmp_path / NAME).write_bytes(spec())
+    assert await remove_temp_files(tmp_path) == 2
     assert sorted(os.listdir(tmp_path)) == sorted(
         [f"{TEMP_PREFIX}dir", f"{TEMP_PREFIX}link", "elsewhere", "x-devplug-tmp-c", NAME]
     )
-    assert remove_temp_files(tmp_path / "absent") == 0
+    assert await remove_temp_files(tmp_path / "absent") == 0
 
 
 # ------------------------------------------------------------------------- full and read-only
 
 
-def test_a_full_filesystem_raises_enospc_and_keeps_the_old_spec(tmp_path: Path) -> None:
+async def test_a_full_filesystem_raises_enospc_and_keeps_the_old_spec(
+    tmp_path: Path, store_of: StoreFactory
+) -> None:
     with tmpfs(tmp_path / "full", "size=16k,mode=0755") as directory:
-        old = owned(pad=10)
-        write_spec_file(directory, NAME, old)
+        store = await store_of(directory)
+        old = spec(10)
+        await store.write(NAME, RESOURCE, old)
         with pytest.raises(OSError, match=os.strerror(errno.ENOSPC)) as failed:
-            write_spec_file(directory, NAME, owned(pad=256 * 1024))
+            await store.write(NAME, RESOURCE, spec(256 * 1024))
         assert failed.value.errno == errno.ENOSPC
-        assert not isinstance(failed.value, ForeignSpecError)
+        assert not isinstance(failed.value, FileExistsError)
         assert (directory / NAME).read_bytes() == old
-        assert os.listdir(directory) == [NAME]  # the temp file is gone
+        assert listing(directory) == [NAME]  # the temp file is gone
         # The space came back: a spec that fits is written.
-        write_spec_file(directory, NAME, owned(pad=20))
-        assert (directory / NAME).read_bytes() == owned(pad=20)
+        await store.write(NAME, RESOURCE, spec(20))
+        assert (directory / NAME).read_bytes() == spec(20)
+        await store.close()
 
 
-@contextlib.contextmanager
-def unwritable(directory: Path) -> Iterator[int]:
-    """``directory`` (holding a spec written before) made unwritable; yields the errno."""
-    if ROOT:
-        with tmpfs(directory, "size=1m,mode=0755"):
-            write_spec_file(directory, NAME, owned(pad=1))
-            remount(directory, "ro")
-            yield errno.EROFS
-    else:
-        write_spec_file(directory, NAME, owned(pad=1))
-        directory.chmod(0o555)
-        try:
-            yield errno.EACCES
-        finally:
-            directory.chmod(0o755)
-
-
-def test_an_unwritable_dir_raises_and_keeps_the_old_spec(tmp_path: Path) -> None:
+async def test_an_unwritable_dir_raises_and_keeps_the_old_spec(
+    tmp_path: Path, store_of: StoreFactory
+) -> None:
     directory = tmp_path / "cdi"
-    with unwritable(directory) as expected:
+    with contextlib.ExitStack() as stack:
+        if ROOT:
+            stack.enter_context(tmpfs(directory, "size=1m,mode=0755"))
+        store = await store_of(directory)
+        await store.write(NAME, RESOURCE, spec(1))
+        if ROOT:
+            remount(directory, "ro")
+            expected = errno.EROFS
+        else:
+            directory.chmod(0o555)
+            stack.callback(directory.chmod, 0o755)
+            expected = errno.EACCES
         with pytest.raises(OSError, match=os.strerror(expected)) as failed:
-            write_spec_file(directory, NAME, owned(pad=2))
+            await store.write(NAME, RESOURCE, spec(2))
         assert failed.value.errno == expected
-        assert (directory / NAME).read_bytes() == owned(pad=1)
-        assert os.listdir(directory) == [NAME]
+        assert (directory / NAME).read_bytes() == spec(1)
+        assert listing(directory) == [NAME]
         # A dir that has to be created below it fails the same way.
+        below = SpecStore(directory / "sub")
         with pytest.raises(OSError, match=os.strerror(expected)) as nested:
-            write_spec_file(directory / "sub", NAME, owned())
+            await below.prepare()
         assert nested.value.errno == expected
         # Removing is refused too, and the file stays.
         with pytest.raises(OSError, match=os.strerror(expected)) as removing:
-            remove_owned_spec(directory, NAME)
-        assert removing.value.errno == expected
-        assert (directory / NAME).read_bytes() == owned(pad=1)
+            await store.remove(NAME)
+        assert removing.value.errno in (expected, errno.EACCES)
+        assert (directory / NAME).read_bytes() == spec(1)
+        if ROOT:
+            remount(directory, "rw")
+        await store.close()
 
 
 # ------------------------------------------------------------------------- ownership
@@ -297,169 +369,265 @@ def test_an_unwritable_dir_raises_and_keeps_the_old_spec(tmp_path: Path) -> None
     "content",
     [
         FOREIGN,
-        # Another writer's JSON with annotations, but not devplug's mark.
         b'{"kind":"example.com/serial","annotations":{"vendor.example/owner":"x"}}',
-        # The owner key with another value.
-        b'{"kind":"example.com/serial","annotations":{"devplug.io/managed-by":"someone"}}',
+        # devplug's old owner key with another value.
+        legacy_spec().replace(b'managed-by":"devplug"', b'managed-by":"someone"'),
         b"cdiVersion: 0.6.0\nkind: example.com/serial\n",  # YAML in a .json file
         b"",
         b"\xff\xfe not text",
+        spec(),  # exactly what devplug would write, but devplug never wrote it: no record
     ],
-    ids=["json", "other-annotations", "other-owner", "yaml", "empty", "binary"],
+    ids=["json", "other-annotations", "other-owner", "yaml", "empty", "binary", "lookalike"],
 )
-def test_a_file_devplug_did_not_write_is_never_replaced(tmp_path: Path, content: bytes) -> None:
+async def test_a_file_devplug_did_not_write_is_never_replaced(
+    tmp_path: Path, store_of: StoreFactory, content: bytes
+) -> None:
     target = tmp_path / NAME
     target.write_bytes(content)
     before = file_stamp(target)
+    store = await store_of(tmp_path)
     with pytest.raises(ForeignSpecError) as refused:
-        write_spec_file(tmp_path, NAME, owned())
-    assert isinstance(refused.value, FileExistsError)
+        await store.write(NAME, RESOURCE, spec())
     assert refused.value.errno == errno.EEXIST
     assert "not written by devplug" in str(refused.value)
+    assert target.read_bytes() == content and file_stamp(target) == before
+    assert await store.remove(NAME) is False
+    assert await store.remove_stale(NAME) is None
     assert target.read_bytes() == content
-    assert file_stamp(target) == before
-    assert os.listdir(tmp_path) == [NAME]
-    # A stamp of some other file does not make it ours either.
-    with pytest.raises(ForeignSpecError):
-        write_spec_file(tmp_path, NAME, owned(), ours=(0, 0, 0, 0))
-    assert target.read_bytes() == content
+    assert listing(tmp_path) == [NAME]
 
 
-def test_a_symlink_at_the_spec_name_is_not_followed(tmp_path: Path) -> None:
-    ours = tmp_path / "elsewhere.json"
-    ours.write_bytes(owned())  # the link points at a file that looks like ours
+async def test_a_symlink_at_the_spec_name_is_not_followed(
+    tmp_path: Path, store_of: StoreFactory
+) -> None:
+    looks_ours = tmp_path / "elsewhere.json"
+    looks_ours.write_bytes(legacy_spec())  # the link points at a file devplug would take over
     link = tmp_path / NAME
-    link.symlink_to(ours)
+    link.symlink_to(looks_ours)
+    store = await store_of(tmp_path)
     with pytest.raises(ForeignSpecError):
-        write_spec_file(tmp_path, NAME, owned(pad=5))
-    assert link.is_symlink() and ours.read_bytes() == owned()
-    assert owner_of(link) is None
-    assert remove_owned_spec(tmp_path, NAME) is False
-    assert link.is_symlink() and ours.read_bytes() == owned()
-    # A dangling link is not ours either.
-    ours.unlink()
+        await store.write(NAME, RESOURCE, spec(5))
+    assert await legacy_owner(link) is None
+    assert await store.remove_stale(NAME) is None
+    assert link.is_symlink() and looks_ours.read_bytes() == legacy_spec()
+    looks_ours.unlink()  # a dangling link is not ours either
     with pytest.raises(ForeignSpecError):
-        write_spec_file(tmp_path, NAME, owned())
+        await store.write(NAME, RESOURCE, spec())
     assert link.is_symlink()
 
 
-def test_a_matching_stamp_skips_the_ownership_read(tmp_path: Path) -> None:
-    """``ours`` is the stamp of the file this process wrote last: while it matches, the file
-    is taken as ours without being read (so without its annotation it is still replaced)."""
-    target = tmp_path / NAME
-    stamp = write_spec_file(tmp_path, NAME, owned())
-    assert stamp is not None
-    # Same inode, size and mtime, but no owner annotation any more.
-    unmarked = owned().replace(OWNER_ANNOTATION.encode(), b"x" * len(OWNER_ANNOTATION))
-    assert len(unmarked) == len(owned())
-    with target.open("r+b") as handle:
-        handle.write(unmarked)
-    os.utime(target, ns=(stamp[3], stamp[3]))
-    assert file_stamp(target) == stamp
-    assert owner_of(target) is None
-    with pytest.raises(ForeignSpecError):
-        write_spec_file(tmp_path, NAME, owned(pad=3))  # read, and refused, without the stamp
-    assert write_spec_file(tmp_path, NAME, owned(pad=3), ours=stamp) is not None
-    assert target.read_bytes() == owned(pad=3)
-
-
-def test_the_stamp_is_the_written_files_even_when_it_is_deleted_at_once(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+async def test_an_old_devplug_spec_is_taken_over_by_its_own_instance_only(
+    tmp_path: Path, store_of: StoreFactory
 ) -> None:
-    """Someone deletes the spec right after the rename: the stamp returned is still the
-    written file's, so the caller sees the name no longer matches it (a missing stamp would
-    compare equal to a missing file, and the loss would go unnoticed)."""
     target = tmp_path / NAME
-    rename = os.replace
-
-    def rename_then_lose(source: str, destination: Path) -> None:
-        rename(source, destination)
-        written_now.append(file_stamp(target))
-        target.unlink()
-
-    written_now: list[object] = []
-    monkeypatch.setattr(os, "replace", rename_then_lose)
-    stamp = write_spec_file(tmp_path, NAME, owned())
-    assert written_now == [stamp]
-    assert file_stamp(target) is None
-    assert file_stamp(target) != stamp
-
-
-def test_a_stale_stamp_does_not_cover_a_file_someone_else_put_there(tmp_path: Path) -> None:
-    target = tmp_path / NAME
-    stamp = write_spec_file(tmp_path, NAME, owned())
-    target.unlink()
-    target.write_bytes(FOREIGN)  # another writer's file: a new inode
-    assert file_stamp(target) != stamp
-    with pytest.raises(ForeignSpecError):
-        write_spec_file(tmp_path, NAME, owned(pad=1), ours=stamp)
-    assert target.read_bytes() == FOREIGN
+    target.write_bytes(legacy_spec(instance="intel_gpu"))
+    other = await store_of(tmp_path, INSTANCE)
+    with pytest.raises(ForeignSpecError, match="earlier devplug of instance 'intel_gpu'"):
+        await other.write(NAME, RESOURCE, spec())
+    assert target.read_bytes() == legacy_spec(instance="intel_gpu")
+    same = await store_of(tmp_path, "intel_gpu")
+    assert (await same.write(NAME, RESOURCE, spec(3))).changed
+    assert target.read_bytes() == spec(3)  # 0.6.0 and annotated before, plain now
+    # An old spec without an instance annotation was written by the default instance.
+    assert await same.remove(NAME)
+    target.write_bytes(legacy_spec(instance=None))
+    assert await legacy_owner(target) is not None
+    default = await store_of(tmp_path, "default")
+    await default.write(NAME, RESOURCE, spec(4))
+    assert target.read_bytes() == spec(4)
 
 
-def test_owned_specs_finds_only_devplugs_json_specs(tmp_path: Path) -> None:
-    (tmp_path / "example.com-serial.json").write_bytes(owned())
-    (tmp_path / "example.com-unnamed.json").write_bytes(owned(None))
-    (tmp_path / "example.com-odd.json").write_bytes(
-        json.dumps(
-            {"annotations": {OWNER_ANNOTATION: OWNER_VALUE, RESOURCE_ANNOTATION: 7}}
-        ).encode()
-    )
-    (tmp_path / "vendor-foreign.json").write_bytes(FOREIGN)
-    # A YAML file, even one carrying devplug's mark: devplug writes JSON only.
-    (tmp_path / "example.com-yaml.yaml").write_text(
-        f"kind: example.com/yaml\nannotations:\n  {OWNER_ANNOTATION}: {OWNER_VALUE}\n"
-    )
-    (tmp_path / "garbage.json").write_bytes(b"\x00\x01{not json")
-    (tmp_path / "list.json").write_bytes(b"[1, 2]")
-    (tmp_path / "annotations-list.json").write_bytes(b'{"annotations": ["x"]}')
-    (tmp_path / "dir.json").mkdir()
-    (tmp_path / ".hidden.json").write_bytes(owned("example.com/hidden"))
-    (tmp_path / f"{TEMP_PREFIX}abc").write_bytes(owned("example.com/temp"))
-    (tmp_path / "notes.txt").write_bytes(owned("example.com/txt"))
-    (tmp_path / "link.json").symlink_to(tmp_path / "example.com-serial.json")
-    os.mkfifo(tmp_path / "fifo.json")  # must not block the scan
-    assert owned_specs(tmp_path) == {
-        "example.com-serial.json": RESOURCE,
-        "example.com-unnamed.json": "",
-        "example.com-odd.json": "",
-    }
-    assert resource_of(tmp_path / "example.com-serial.json") == RESOURCE
-    assert resource_of(tmp_path / "example.com-unnamed.json") == ""
-    assert owner_of(tmp_path / "absent.json") is None
-    assert owner_of(tmp_path / "dir.json") is None
-    assert owned_specs(tmp_path / "absent") == {}
-
-
-def test_a_file_bigger_than_the_read_limit_is_not_read(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+async def test_a_gone_daemons_spec_is_taken_over_and_identical_content_kept(
+    tmp_path: Path, store_of: StoreFactory
 ) -> None:
-    limit = 4096
-    monkeypatch.setattr("devplug.cdi.files.MAX_READ_BYTES", limit)
-    at_limit = tmp_path / "at-limit.json"
-    at_limit.write_bytes(owned().ljust(limit))  # trailing blanks: still valid JSON
-    over = tmp_path / "over.json"
-    over.write_bytes(owned().ljust(limit + 1))
-    assert resource_of(at_limit) == RESOURCE
-    assert owner_of(over) is None
-    assert owned_specs(tmp_path) == {"at-limit.json": RESOURCE}
-    with pytest.raises(ForeignSpecError):
-        write_spec_file(tmp_path, "over.json", owned())
+    first = await store_of(tmp_path)
+    written = await first.write(NAME, RESOURCE, spec(7))
+    await first.close()  # keep_on_exit, or a crash: the spec stays, its owner is gone
+    second = await store_of(tmp_path)
+    kept = await second.write(NAME, RESOURCE, spec(7))
+    assert not kept.changed and kept.stamp == written.stamp  # runtimes see no change
+    record = await read_record(tmp_path, NAME)
+    assert record is not None and record.owner == second.owner
+    assert (await second.write(NAME, RESOURCE, spec(8))).changed
 
 
-def test_remove_owned_spec_removes_ours_and_refuses_the_rest(tmp_path: Path) -> None:
-    write_spec_file(tmp_path, NAME, owned())
-    foreign = tmp_path / "vendor-foreign.json"
-    foreign.write_bytes(FOREIGN)
-    assert remove_owned_spec(tmp_path, "vendor-foreign.json") is False
-    assert foreign.read_bytes() == FOREIGN
-    assert remove_owned_spec(tmp_path, NAME) is True
+async def test_a_running_daemons_spec_is_left_to_it_until_it_goes(
+    tmp_path: Path, store_of: StoreFactory
+) -> None:
+    serving = await store_of(tmp_path, "intel_gpu")
+    written = await serving.write(NAME, RESOURCE, spec(1))
+    second = await store_of(tmp_path, "intel_gpu")  # the same config, started again
+    with pytest.raises(SpecHeldError) as held:
+        await second.write(NAME, RESOURCE, spec(2))
+    assert held.value.instance == "intel_gpu" and held.value.resource == RESOURCE
+    assert "another running devplug" in str(held.value)
+    assert await second.remove(NAME) is False
+    assert await second.remove_stale(NAME) is None
+    assert file_stamp(tmp_path / NAME) == written.stamp
+    await serving.close()  # it stopped (keeping its spec): now the second takes over
+    assert (await second.write(NAME, RESOURCE, spec(2))).changed
+
+
+# A child that holds a daemon's lock and is then killed: the kernel drops the flock.
+LOCK_HOLDER = """
+import asyncio, sys, time
+from pathlib import Path
+from devplug.cdi.ownership import OwnerLock
+
+async def main():
+    lock = OwnerLock(Path(sys.argv[1]))
+    await lock.ensure()
+    sys.stdout.write(lock.owner + "\\n")
+    sys.stdout.flush()
+    time.sleep(60)
+
+asyncio.run(main())
+"""
+
+
+async def test_a_killed_daemon_reads_as_gone(tmp_path: Path, store_of: StoreFactory) -> None:
+    child = subprocess.Popen(  # noqa: ASYNC220 - as above: a blocking line read, nothing else runs
+        [sys.executable, "-c", LOCK_HOLDER, str(tmp_path)], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert child.stdout is not None
+        owner = child.stdout.readline().strip()
+        assert await owner_alive(tmp_path, owner)
+        child.send_signal(signal.SIGKILL)
+        assert child.wait(timeout=10) == -signal.SIGKILL
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+        if child.stdout is not None:
+            child.stdout.close()
+    assert not await owner_alive(tmp_path, owner)
+    assert not await owner_alive(tmp_path, "")  # cdi generate's records: never alive
+    assert not await owner_alive(tmp_path, "../../etc/passwd")
+    store = await store_of(tmp_path)
+    assert await store.remove_dead_locks() == 1
+    assert not (tmp_path / STATE_DIR / f"{owner}.lock").exists()
+    assert (tmp_path / STATE_DIR / f"{store.owner}.lock").exists()  # the living one stays
+
+
+async def test_a_deleted_state_dir_is_made_again_and_the_spec_stays_ours(
+    tmp_path: Path, store_of: StoreFactory
+) -> None:
+    store = await store_of(tmp_path)
+    await store.write(NAME, RESOURCE, spec(1))
+    for path in sorted((tmp_path / STATE_DIR).iterdir()):
+        path.unlink()
+    (tmp_path / STATE_DIR).rmdir()
+    other = await store_of(tmp_path)
+    await store.prepare()  # the daemon's next pass: its lock is back
+    assert await owner_alive(tmp_path, store.owner)
+    with pytest.raises(ForeignSpecError):  # no record: not the other's to take
+        await other.write(NAME, RESOURCE, spec(2))
+    assert (await store.write(NAME, RESOURCE, spec(3))).changed  # still ours
+    assert await store.remove(NAME) is True
     assert not (tmp_path / NAME).exists()
-    assert remove_owned_spec(tmp_path, NAME) is True  # already gone
-    assert remove_owned_spec(tmp_path / "absent", NAME) is True
-    assert os.listdir(tmp_path) == ["vendor-foreign.json"]
 
 
-def resource_of(path: Path) -> str:
-    owner = owner_of(path)
-    assert owner is not None, f"{path} is not devplug's"
-    return owner.resource
+async def test_a_record_whose_file_someone_replaced_no_longer_covers_it(
+    tmp_path: Path, store_of: StoreFactory
+) -> None:
+    gone = await store_of(tmp_path)
+    await gone.write(NAME, RESOURCE, spec(1))
+    await gone.close()
+    (tmp_path / NAME).write_bytes(FOREIGN)  # another writer, while no devplug ran
+    store = await store_of(tmp_path)
+    with pytest.raises(ForeignSpecError):
+        await store.write(NAME, RESOURCE, spec(2))
+    assert await store.remove_stale(NAME) is None
+    assert (tmp_path / NAME).read_bytes() == FOREIGN
+    assert await read_record(tmp_path, NAME) is None  # the wrong record is dropped
+
+
+async def test_remove_takes_only_this_daemons_spec(tmp_path: Path, store_of: StoreFactory) -> None:
+    store = await store_of(tmp_path)
+    written = await store.write(NAME, RESOURCE, spec())
+    (tmp_path / "vendor-foreign.json").write_bytes(FOREIGN)
+    assert await store.remove("vendor-foreign.json") is False
+    assert (tmp_path / "vendor-foreign.json").read_bytes() == FOREIGN
+    # Changed behind our back since it was written: the content is someone else's now.
+    replaced = tmp_path / "replacement"
+    replaced.write_bytes(spec(9))
+    os.replace(replaced, tmp_path / NAME)
+    assert await store.remove(NAME, expected=written.stamp) is True
+    assert (tmp_path / NAME).read_bytes() == spec(9)  # left, only our record is gone
+    assert await read_record(tmp_path, NAME) is None
+    # Ours and unchanged: spec and record go.
+    again = await store_of(tmp_path, "other")
+    (tmp_path / NAME).unlink()
+    second = await again.write(NAME, RESOURCE, spec(2))
+    assert await again.remove(NAME, expected=second.stamp) is True
+    assert not (tmp_path / NAME).exists() and await read_record(tmp_path, NAME) is None
+    assert await again.remove(NAME) is False  # nothing of ours left
+
+
+async def test_stale_specs_of_this_instance_are_found_and_removed(
+    tmp_path: Path, store_of: StoreFactory
+) -> None:
+    earlier = await store_of(tmp_path, INSTANCE)
+    await earlier.write("example.com-gone.json", "example.com/gone", spec(kind="example.com/gone"))
+    theirs = await store_of(tmp_path, "intel_gpu")
+    await theirs.write(
+        "gpu.intel.com-i915.json", "gpu.intel.com/i915", spec(kind="gpu.intel.com/i915")
+    )
+    await earlier.close()
+    await theirs.close()  # both gone; each instance cleans up only its own
+    (tmp_path / "example.com-old.json").write_bytes(legacy_spec(resource="example.com/old"))
+    (tmp_path / "example.com-otherold.json").write_bytes(legacy_spec(instance="vfio"))
+    (tmp_path / "vendor-foreign.json").write_bytes(FOREIGN)
+    (tmp_path / "vendor.yaml").write_bytes(b"kind: vendor.example/y\n")
+    (tmp_path / "dir.json").mkdir()
+    os.mkfifo(tmp_path / "fifo.json")  # must not block the scan
+    orphan = OwnerRecord("example.com/orphan", INSTANCE, "", ())
+    await write_record(tmp_path, "example.com-orphan.json", orphan)  # its spec is gone
+    # Stray files in the state dir name no spec file: nothing to judge, nothing to stop on.
+    (tmp_path / STATE_DIR / "foreign.owner").write_bytes(orphan.to_bytes())
+    (tmp_path / STATE_DIR / "notes.txt").write_text("hands off")
+    store = await store_of(tmp_path, INSTANCE)
+    candidates = await store.stale_candidates()
+    removed = {name: await store.remove_stale(name) for name in candidates}
+    assert {n: r for n, r in removed.items() if r is not None} == {
+        "example.com-gone.json": "example.com/gone",
+        "example.com-old.json": "example.com/old",
+    }
+    assert listing(tmp_path) == sorted(
+        [
+            "gpu.intel.com-i915.json",
+            "example.com-otherold.json",
+            "vendor-foreign.json",
+            "vendor.yaml",
+            "dir.json",
+            "fifo.json",
+        ]
+    )
+    assert await read_record(tmp_path, "example.com-orphan.json") is None
+    assert await read_record(tmp_path, "gpu.intel.com-i915.json") is not None
+    assert (tmp_path / STATE_DIR / "foreign.owner").exists()
+    assert (tmp_path / STATE_DIR / "notes.txt").read_text() == "hands off"
+
+
+async def test_cdi_generate_records_name_no_running_owner(
+    tmp_path: Path, store_of: StoreFactory
+) -> None:
+    generated = SpecStore(tmp_path, INSTANCE)  # `devplug cdi generate`: no lock
+    await generated.prepare()
+    await generated.write(NAME, RESOURCE, spec(1))
+    record = await read_record(tmp_path, NAME)
+    assert record is not None and record.owner == ""
+    assert not (tmp_path / STATE_DIR / ".lock").exists()
+    daemon = await store_of(tmp_path, INSTANCE)
+    assert (await daemon.write(NAME, RESOURCE, spec(2))).changed
+    # A later generate run may not take a running daemon's spec.
+    with pytest.raises(SpecHeldError):
+        await generated.write(NAME, RESOURCE, spec(3))
+
+
+def test_an_owner_record_that_is_not_one_reads_as_none() -> None:
+    for data in (b"", b"[]", b'{"resource":1}', b"\xff", b'{"resource":"a","instance":"b"}'):
+        assert OwnerRecord.from_bytes(data) is None
+    record = OwnerRecord("a/b", "i", "0" * 32, (("ab", 3),))
+    assert OwnerRecord.from_bytes(record.to_bytes()) == record

@@ -33,13 +33,13 @@ def gpu(index: int, *, host_path: bool = False, gids: bool = False) -> DeviceInf
 
 
 def expected(devices: dict[str, DeviceInfo]) -> bytes | None:
-    spec = resource_spec(RESOURCE, KIND, devices)
+    spec = resource_spec(KIND, devices)
     return None if spec is None else spec_json(spec)
 
 
 def test_same_bytes_as_the_plain_path_through_random_changes() -> None:
     rng = random.Random(5)
-    renderer = SpecRenderer(RESOURCE, KIND)
+    renderer = SpecRenderer(KIND)
     devices: dict[str, DeviceInfo] = {}
     for step in range(60):
         action = rng.choice(["add", "add", "remove", "change", "share"])
@@ -65,7 +65,7 @@ def test_same_bytes_as_the_plain_path_through_random_changes() -> None:
 
 
 def test_devices_with_nothing_to_give_are_left_out_and_none_is_none() -> None:
-    renderer = SpecRenderer(RESOURCE, KIND)
+    renderer = SpecRenderer(KIND)
     empty = {"0000:01:00.0": DeviceInfo(), "0000:02:00.0": DeviceInfo()}
     assert renderer.render(empty) is None
     mixed = {**empty, "0000:03:00.0": gpu(3)}
@@ -75,7 +75,7 @@ def test_devices_with_nothing_to_give_are_left_out_and_none_is_none() -> None:
 
 
 def test_an_unchanged_device_is_not_rebuilt() -> None:
-    renderer = SpecRenderer(RESOURCE, KIND)
+    renderer = SpecRenderer(KIND)
     first = {"0000:01:00.0": gpu(1), "0000:02:00.0": gpu(2)}
     renderer.render(first)
     made = dict(renderer._made)
@@ -88,13 +88,16 @@ def test_an_unchanged_device_is_not_rebuilt() -> None:
 
 
 def test_the_version_follows_the_fields_of_the_devices_present() -> None:
-    renderer = SpecRenderer(RESOURCE, KIND)
+    renderer = SpecRenderer(KIND)
     with_gids = renderer.render({"0000:01:00.0": gpu(1, gids=True)})
     assert with_gids is not None and b'"cdiVersion":"0.7.0"' in with_gids.data
     plain = renderer.render({"0000:02:00.0": gpu(2)})
-    assert plain is not None and b'"cdiVersion":"0.6.0"' in plain.data
+    # Nothing but the device content sets it: a name that starts with a digit needs 0.5.0.
+    assert plain is not None and b'"cdiVersion":"0.5.0"' in plain.data
+    lettered = renderer.render({"gpu2": gpu(2)})
+    assert lettered is not None and b'"cdiVersion":"0.3.0"' in lettered.data
 
 
 def test_an_invalid_kind_is_refused() -> None:
     with pytest.raises(CdiSpecError, match="kind"):
-        SpecRenderer(RESOURCE, "3dvendor/gpu")
+        SpecRenderer("3dvendor/gpu")

@@ -12,6 +12,7 @@ import json
 import os
 import stat
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -22,13 +23,11 @@ import pydantic
 import pytest
 import structlog
 
-from devplug.cdi.build import (
-    INSTANCE_ANNOTATION,
-    OWNER_ANNOTATION,
-    OWNER_VALUE,
-    RESOURCE_ANNOTATION,
-)
-from devplug.cdi.files import TEMP_PREFIX, FileStamp, write_spec_file
+from devplug.cdi import files as files_module
+from devplug.cdi import store as store_module
+from devplug.cdi.files import TEMP_PREFIX, FileStamp
+from devplug.cdi.ownership import STATE_DIR, OwnerLock, read_record
+from devplug.cdi.store import SpecStore
 from devplug.config import CdiSettings, Settings
 from devplug.daemon.cdi_sync import CdiResource
 from devplug.model import ContainerAllocation, DeviceInfo, DeviceNode, Health, Mount
@@ -85,7 +84,12 @@ def defined_names(cdi_dir: Path) -> set[str]:
 
 def stamp(path: Path) -> FileStamp:
     info = os.lstat(path)
-    return (info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns)
+    return FileStamp(info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns)
+
+
+def visible(cdi_dir: Path) -> list[str]:
+    """What a runtime sees in the CDI dir: everything but devplug's state dir."""
+    return sorted(n for n in os.listdir(cdi_dir) if n != STATE_DIR)
 
 
 def has_device_specs(answer: ContainerAllocation, *ids: str) -> bool:
@@ -209,18 +213,19 @@ async def test_a_spec_is_written_when_a_resource_appears(
         info = os.lstat(path)
         assert stat.S_ISREG(info.st_mode) and stat.S_IMODE(info.st_mode) == 0o644
         document = spec_on_disk(path)
-        assert document["kind"] == SERIAL
-        assert document["annotations"] == {
-            OWNER_ANNOTATION: OWNER_VALUE,
-            RESOURCE_ANNOTATION: SERIAL,
-            INSTANCE_ANNOTATION: "static",  # the daemon's instance: its scanners' names
-        }
+        # Nothing but the devices: no annotations, the lowest version their content needs.
+        assert list(document) == ["cdiVersion", "kind", "devices"]
+        assert document["kind"] == SERIAL and document["cdiVersion"] == "0.3.0"
         assert [d["name"] for d in document["devices"]] == ["dev0", "dev1"]
+        # Ownership is kept where runtimes do not look.
+        record = await read_record(cdi_dir, SERIAL_SPEC)
+        assert record is not None and record.resource == SERIAL
+        assert record.instance == "static"  # the daemon's instance: its scanners' names
         edits = document["devices"][1]["containerEdits"]
         assert "env" not in edits  # env goes in Allocate, merged across devices
         assert [n["path"] for n in edits["deviceNodes"]] == ["/dev/ttyX1"]
         assert [m["hostPath"] for m in edits["mounts"]] == ["/run/serial/1"]
-        assert sorted(os.listdir(cdi_dir)) == [SERIAL_SPEC]
+        assert sorted(os.listdir(cdi_dir)) == [STATE_DIR, SERIAL_SPEC]
 
         # A resource that appears later gets its own file; the first is left as it is.
         before = stamp(path)
@@ -387,7 +392,7 @@ async def test_a_changed_device_rewrites_the_spec(
         assert [d["name"] for d in spec_on_disk(path)["devices"]] == ["dev0", "dev1", "dev2"]
         (answer,) = await session.allocate(["dev2"])
         assert answer.cdi_devices == (name("dev2"),)
-        assert sorted(os.listdir(cdi_dir)) == [SERIAL_SPEC]  # no temp file left
+        assert visible(cdi_dir) == [SERIAL_SPEC]  # no temp file left
 
 
 # ------------------------------------------------------------------------- removal
@@ -436,7 +441,7 @@ async def test_an_orderly_shutdown_removes_the_specs(
     async with running_daemon(settings(kubelet_dir, cdi_dir), [scanner]) as daemon:
         await started(kubelet)
         await eventually(lambda: daemon.cdi_catalog.resources() == [OTHER, SERIAL])
-    assert os.listdir(cdi_dir) == [foreign.name]
+    assert visible(cdi_dir) == [foreign.name]
     assert daemon.cdi_catalog.resources() == []
 
 
@@ -451,7 +456,7 @@ async def test_keep_on_exit_leaves_the_specs(
         await eventually(lambda: daemon.cdi_catalog.get(SERIAL) is not None)
         content = (cdi_dir / SERIAL_SPEC).read_bytes()
     assert (cdi_dir / SERIAL_SPEC).read_bytes() == content
-    assert os.listdir(cdi_dir) == [SERIAL_SPEC]
+    assert visible(cdi_dir) == [SERIAL_SPEC]
 
 
 async def test_a_write_in_progress_at_shutdown_leaves_no_spec_behind(
@@ -462,12 +467,15 @@ async def test_a_write_in_progress_at_shutdown_leaves_no_spec_behind(
 ) -> None:
     writing = threading.Event()
 
-    def slow_write(directory: Path, file_name: str, data: bytes, **kw: Any) -> Any:
-        writing.set()
-        time.sleep(0.3)  # a big spec on a slow disk
-        return write_spec_file(directory, file_name, data, **kw)
+    real_write = files_module.write_atomically
 
-    monkeypatch.setattr("devplug.daemon.cdi_sync.write_spec_file", slow_write)
+    async def slow_write(directory: Path, file_name: str, data: bytes, *args: Any) -> Any:
+        if file_name.endswith(".json"):
+            writing.set()
+            await asyncio.sleep(0.3)  # a big spec on a slow disk
+        return await real_write(directory, file_name, data, *args)
+
+    monkeypatch.setattr(store_module, "write_atomically", slow_write)
     scanner = StaticScanner({SERIAL: devices(1)})
     async with running_daemon(settings(kubelet_dir, cdi_dir), [scanner]):
         await started(kubelet)
@@ -479,48 +487,46 @@ async def test_a_write_in_progress_at_shutdown_leaves_no_spec_behind(
 # ------------------------------------------------------------------------- start-up
 
 
+def legacy_spec(kind: str, resource: str, instance: str | None, device: str = "old") -> bytes:
+    """A spec exactly as devplug wrote it before it kept records: compact, annotated, 0.6.0."""
+    annotations = {"devplug.io/managed-by": "devplug", "devplug.io/resource": resource}
+    if instance is not None:
+        annotations["devplug.io/instance"] = instance
+    head = json.dumps(
+        {"cdiVersion": "0.6.0", "kind": kind, "annotations": annotations}, separators=(",", ":")
+    ).encode()
+    body = {"name": device, "containerEdits": {"deviceNodes": [{"path": "/dev/old"}]}}
+    return head[:-1] + b',"devices":[' + json.dumps(body).encode() + b"]}\n"
+
+
+async def earlier_run(cdi_dir: Path, instance: str, specs: dict[str, bytes]) -> None:
+    """Specs left by a devplug daemon of ``instance`` that is gone (crashed, or kept them)."""
+    store = SpecStore(cdi_dir, instance, OwnerLock(cdi_dir))
+    await store.prepare()
+    for file_name, data in specs.items():
+        await store.write(file_name, json.loads(data)["kind"], data)
+    await store.close()
+
+
 async def test_start_up_removes_stale_specs_and_leaves_other_writers_files(
     kubelet: KubeletSimulator, kubelet_dir: Path, cdi_dir: Path
 ) -> None:
     cdi_dir.mkdir()
-    stale = cdi_dir / "example.com-gone.json"
-    write_spec_file(
-        cdi_dir,
-        stale.name,
-        json.dumps(
-            {
-                "kind": "example.com/gone",
-                "annotations": {
-                    OWNER_ANNOTATION: OWNER_VALUE,
-                    RESOURCE_ANNOTATION: "x.io/gone",
-                    INSTANCE_ANNOTATION: "static",
-                },
-            }
-        ).encode(),
-    )
-    earlier = cdi_dir / SERIAL_SPEC  # devplug's, from an earlier run, with other devices
-    earlier.write_text(
-        json.dumps(
-            {
-                "kind": SERIAL,
-                "annotations": {OWNER_ANNOTATION: OWNER_VALUE, RESOURCE_ANNOTATION: SERIAL},
-                "devices": [{"name": "old", "containerEdits": {"env": ["A=1"]}}],
-            }
-        )
-    )
+    gone = b'{"cdiVersion":"0.3.0","kind":"example.com/gone","devices":[]}'
+    await earlier_run(cdi_dir, "static", {"example.com-gone.json": gone})
+    # devplug's, from before it kept records: one for a resource the host no longer has, one
+    # for a resource it still has (with other devices), one of another instance.
+    old_gone = cdi_dir / "example.com-oldgone.json"
+    old_gone.write_bytes(legacy_spec("example.com/oldgone", "x.io/oldgone", "static"))
+    earlier = cdi_dir / SERIAL_SPEC
+    earlier.write_bytes(legacy_spec(SERIAL, SERIAL, "static"))
+    theirs_old = legacy_spec("example.com/theirs", "example.com/theirs", "generic")
     # Another devplug instance's spec (other scanners, same dir): not this one's to clean up.
-    other_instance = json.dumps(
-        {
-            "kind": "example.com/theirs",
-            "annotations": {
-                OWNER_ANNOTATION: OWNER_VALUE,
-                RESOURCE_ANNOTATION: "example.com/theirs",
-                INSTANCE_ANNOTATION: "generic",
-            },
-        }
-    ).encode()
+    theirs = b'{"cdiVersion":"0.3.0","kind":"example.com/theirs2","devices":[]}'
+    await earlier_run(cdi_dir, "generic", {"example.com-theirs2.json": theirs})
     foreign = {
-        "example.com-theirs.json": other_instance,
+        "example.com-theirs.json": theirs_old,
+        "example.com-theirs2.json": theirs,
         "vendor-foreign.json": b'{"kind":"vendor.example/x","devices":[]}',
         "vendor-foreign.yaml": b"kind: vendor.example/y\n",
         # Another writer's file under the name OTHER's spec would have.
@@ -542,10 +548,14 @@ async def test_start_up_removes_stale_specs_and_leaves_other_writers_files(
             await eventually(lambda: daemon.cdi_catalog.get(SERIAL) is not None)
             await eventually(lambda: sync.failures >= 1)
 
-            assert not stale.exists()
+            assert not (cdi_dir / "example.com-gone.json").exists()
+            assert not old_gone.exists()
             assert not (cdi_dir / f"{TEMP_PREFIX}leftover").exists()
             assert (cdi_dir / f"{TEMP_PREFIX}in-progress").exists()  # too young to be stale
-            assert [d["name"] for d in spec_on_disk(earlier)["devices"]] == ["dev0", "dev1"]
+            # The old 0.6.0 spec of a resource still here is taken over and written anew.
+            rewritten = spec_on_disk(earlier)
+            assert [d["name"] for d in rewritten["devices"]] == ["dev0", "dev1"]
+            assert "annotations" not in rewritten and rewritten["cdiVersion"] == "0.3.0"
             for file_name, content in foreign.items():
                 assert (cdi_dir / file_name).read_bytes() == content
             assert daemon.cdi_catalog.get(OTHER) is None
@@ -555,16 +565,21 @@ async def test_start_up_removes_stale_specs_and_leaves_other_writers_files(
             assert answer.cdi_devices == () and has_device_specs(answer, "dev0")
 
     removed = [e for e in logs if e["event"] == "cdi.spec.removed" and e.get("reason") == "stale"]
-    assert [(e["file"], e["resource"]) for e in removed] == [(stale.name, "x.io/gone")]
+    assert sorted((e["file"], e["resource"]) for e in removed) == [
+        ("example.com-gone.json", "example.com/gone"),
+        (old_gone.name, "x.io/oldgone"),
+    ]
     assert [e["count"] for e in logs if e["event"] == "cdi.temp_files.removed"] == [1]
     refused = [e for e in logs if e["event"] == "cdi.spec.write_failed"]
     assert [(e["resource"], e["log_level"]) for e in refused] == [(OTHER, "warning")]
     assert refused[0]["reason"].startswith("EEXIST")
     assert "not written by devplug" in refused[0]["reason"]
     # After the shutdown: devplug's spec is gone, everyone else's files are still there.
-    assert sorted(os.listdir(cdi_dir)) == sorted([*foreign, f"{TEMP_PREFIX}in-progress"])
+    assert visible(cdi_dir) == sorted([*foreign, f"{TEMP_PREFIX}in-progress"])
     for file_name, content in foreign.items():
         assert (cdi_dir / file_name).read_bytes() == content
+    assert await read_record(cdi_dir, SERIAL_SPEC) is None
+    assert await read_record(cdi_dir, "example.com-theirs2.json") is not None
 
 
 async def test_another_kind_avoids_a_foreign_file_of_the_same_name(
@@ -649,7 +664,7 @@ async def test_a_failed_write_is_logged_served_around_and_retried(
             assert [(e["resource"], e["log_level"]) for e in failed] == [(SERIAL, "warning")]
             assert failed[0]["reason"].startswith(f"{expected}: ")
             assert failed[0]["dir"] == str(faulty.path)
-            assert os.listdir(faulty.path) == []  # no part of a spec, no temp file
+            assert visible(faulty.path) == []  # no part of a spec, no temp file
 
             # Still serving: device specs, no CDI names.
             (answer,) = await session.allocate(["dev7"])
@@ -689,7 +704,7 @@ async def test_a_removal_that_fails_is_retried(
             await faulty.repair()
             await eventually(lambda: not (faulty.path / OTHER_SPEC).exists(), timeout=6)
             await eventually(lambda: daemon.cdi_catalog.resources() == [SERIAL])
-            assert os.listdir(faulty.path) == [SERIAL_SPEC]
+            assert visible(faulty.path) == [SERIAL_SPEC]
 
 
 async def test_a_resource_that_goes_before_its_spec_could_be_written_is_forgotten(
@@ -708,7 +723,7 @@ async def test_a_resource_that_goes_before_its_spec_could_be_written_is_forgotte
         await faulty.repair()
         await daemon.rescan()  # a new tree: the CDI task retries at once
         await eventually(lambda: daemon.cdi_catalog.get(SERIAL) is not None)
-        assert os.listdir(faulty.path) == [SERIAL_SPEC]
+        assert visible(faulty.path) == [SERIAL_SPEC]
         assert daemon.cdi_catalog.resources() == [SERIAL]
 
 
@@ -742,7 +757,8 @@ async def test_a_resource_name_that_is_not_a_kind_gets_one(
         await eventually(lambda: daemon.cdi_catalog.get(resource) is not None)
         document = spec_on_disk(cdi_dir / "x3d.example.com-cam.json")
         assert document["kind"] == "x3d.example.com/cam"
-        assert document["annotations"][RESOURCE_ANNOTATION] == resource
+        record = await read_record(cdi_dir, "x3d.example.com-cam.json")
+        assert record is not None and record.resource == resource
         (answer,) = await session.allocate(["dev0"])
         assert answer.cdi_devices == ("x3d.example.com/cam=dev0",)
 
@@ -777,23 +793,23 @@ async def test_while_a_spec_is_replaced_only_unchanged_devices_are_named(
     cdi_dir: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """Between the rename in the worker thread and the catalog update on the loop, the file
+    """Between the rename and the catalog update on the loop, the file
     on disk may be the old one or the new one: only devices both define alike are named."""
     import devplug.daemon.cdi_sync as cdi_sync
 
     seen: list[frozenset[str] | None] = []
-    real = cdi_sync._carry_out
+    real = cdi_sync.CdiSync._carry_out
     scanner = StaticScanner({SERIAL: devices(3)})
     async with running_daemon(settings(kubelet_dir, cdi_dir), [scanner]) as daemon:
         await started(kubelet)
         await eventually(lambda: daemon.cdi_catalog.get(SERIAL) is not None)
 
-        def observing(*args: Any) -> Any:
+        async def observing(self: cdi_sync.CdiSync, *args: Any) -> Any:
             entry = daemon.cdi_catalog.get(SERIAL)  # what Allocate sees during the write
             seen.append(None if entry is None else entry.names)
-            return real(*args)
+            return await real(self, *args)
 
-        monkeypatch.setattr(cdi_sync, "_carry_out", observing)
+        monkeypatch.setattr(cdi_sync.CdiSync, "_carry_out", observing)
         assert daemon.manager is not None
         current = daemon.manager.servers[SERIAL].devices.value
         # dev0 keeps its very DeviceInfo, dev1 changes, dev2 goes.
@@ -810,45 +826,94 @@ async def test_while_a_spec_is_replaced_only_unchanged_devices_are_named(
     assert seen[0] == frozenset({"dev0"})
 
 
-async def test_shutdown_leaves_a_spec_another_instance_rewrote(
+async def test_a_second_daemon_on_the_same_dirs_leaves_the_first_ones_specs(
     kubelet: KubeletSimulator, kubelet_dir: Path, cdi_dir: Path
 ) -> None:
-    async with running_daemon(
-        settings(kubelet_dir, cdi_dir), [StaticScanner({SERIAL: devices(1)})]
-    ) as daemon:
-        await started(kubelet)
-        await eventually(lambda: daemon.cdi_catalog.get(SERIAL) is not None)
-        # A newer pod of the same DaemonSet (surge) rewrites the spec while this one stops.
-        theirs = (cdi_dir / SERIAL_SPEC).read_bytes().replace(b'"dev0"', b'"dev9"')
-        write_spec_file(cdi_dir, SERIAL_SPEC, theirs)
-    assert (cdi_dir / SERIAL_SPEC).read_bytes() == theirs
+    """A second `devplug run` on the same dirs (refused its sockets, waiting) must not take
+    or delete the specs the first one serves; it takes them over once the first is gone."""
+    config = settings(kubelet_dir, cdi_dir)
+    with structlog.testing.capture_logs() as logs:
+        async with running_daemon(config, [StaticScanner({SERIAL: devices(2)})]) as first:
+            session = await started(kubelet)
+            await eventually(lambda: first.cdi_catalog.get(SERIAL) is not None)
+            before = stamp(cdi_dir / SERIAL_SPEC)
+            async with running_daemon(config, [StaticScanner({SERIAL: devices(2)})]) as second:
+                sync = second.cdi_sync
+                assert sync is not None
+                await eventually(lambda: sync.failures >= 1)
+                assert second.cdi_catalog.get(SERIAL) is None  # not its spec: named nowhere
+            # The second one stopped: the first one's spec is as it was, and still named.
+            assert stamp(cdi_dir / SERIAL_SPEC) == before
+            (answer,) = await session.allocate(["dev0"])
+            assert answer.cdi_devices == (name("dev0"),)
+            first_sync = first.cdi_sync
+            assert first_sync is not None and first_sync.writes == 1
+    held = [e for e in logs if e["event"] == "cdi.spec.held_elsewhere"]
+    assert [(e["resource"], e["held_by"], e["log_level"]) for e in held] == [
+        (SERIAL, "static", "warning")
+    ]
+    assert not [e for e in logs if e["event"] == "cdi.spec.rewritten"]
+    assert not (cdi_dir / SERIAL_SPEC).exists()  # the first one's orderly shutdown
 
 
-async def test_a_spec_deleted_behind_the_daemons_back_is_written_again(
+async def test_a_daemon_takes_over_a_spec_the_other_one_lets_go(
     kubelet: KubeletSimulator, kubelet_dir: Path, cdi_dir: Path
 ) -> None:
-    async with running_daemon(
-        settings(kubelet_dir, cdi_dir), [StaticScanner({SERIAL: devices(2)})]
-    ) as daemon:
+    config = settings(kubelet_dir, cdi_dir)
+    async with running_daemon(config, [StaticScanner({SERIAL: devices(2)})]) as first:
         await started(kubelet)
-        sync = daemon.cdi_sync
-        assert sync is not None
-        await eventually(lambda: daemon.cdi_catalog.get(SERIAL) is not None)
-        first = (cdi_dir / SERIAL_SPEC).read_bytes()
-        writes = sync.writes
-        (cdi_dir / SERIAL_SPEC).unlink()
-        await daemon.rescan()  # the periodic resync; nothing changed in the devices
-        # Counted once recorded on the loop (the file appears a moment before, in the thread).
-        await eventually(lambda: sync.writes > writes)
-        assert (cdi_dir / SERIAL_SPEC).read_bytes() == first
+        await eventually(lambda: first.cdi_catalog.get(SERIAL) is not None)
+        async with running_daemon(config, [StaticScanner({SERIAL: devices(3)})]) as second:
+            sync = second.cdi_sync
+            assert sync is not None
+            await eventually(lambda: sync.failures >= 1)
+            first.request_stop()  # the first one stops: its spec goes with it...
+            # ...and the second one notices at once (a dir watch, no periodic resync) and
+            # writes its own.
+            await eventually(lambda: second.cdi_catalog.get(SERIAL) is not None, timeout=1)
+            names = [d["name"] for d in spec_on_disk(cdi_dir / SERIAL_SPEC)["devices"]]
+            assert names == ["dev0", "dev1", "dev2"]
+            record = await read_record(cdi_dir, SERIAL_SPEC)
+            assert record is not None and record.owner == sync.store.owner
+
+
+async def test_a_spec_deleted_behind_the_daemons_back_is_written_again_at_once(
+    kubelet: KubeletSimulator, kubelet_dir: Path, cdi_dir: Path
+) -> None:
+    with structlog.testing.capture_logs() as logs:
+        async with running_daemon(
+            settings(kubelet_dir, cdi_dir), [StaticScanner({SERIAL: devices(2)})]
+        ) as daemon:
+            await started(kubelet)
+            sync = daemon.cdi_sync
+            assert sync is not None
+            await eventually(lambda: daemon.cdi_catalog.get(SERIAL) is not None)
+            first = (cdi_dir / SERIAL_SPEC).read_bytes()
+            writes = sync.writes
+            (cdi_dir / SERIAL_SPEC).unlink()
+            # No rescan, no resync: the dir watch sees it.
+            await eventually(lambda: sync.writes > writes, timeout=1)
+            assert (cdi_dir / SERIAL_SPEC).read_bytes() == first
+            # Replaced by hand (an editor's rename): written again as well.
+            replacement = cdi_dir / "edited"
+            replacement.write_bytes(b'{"kind":"example.com/serial","devices":[]}')
+            os.replace(replacement, cdi_dir / SERIAL_SPEC)
+            await eventually(lambda: sync.writes > writes + 1, timeout=1)
+            assert (cdi_dir / SERIAL_SPEC).read_bytes() == first
+            # Rewritten in place (no rename): the same.
+            (cdi_dir / SERIAL_SPEC).write_bytes(b"{}")
+            await eventually(lambda: sync.writes > writes + 2, timeout=1)
+            assert (cdi_dir / SERIAL_SPEC).read_bytes() == first
+    rewritten = [e for e in logs if e["event"] == "cdi.spec.rewritten"]
+    assert [(e["resource"], e["log_level"]) for e in rewritten] == [(SERIAL, "warning")] * 3
 
 
 async def test_odd_files_in_the_cdi_dir_do_not_stop_the_daemon(
     kubelet: KubeletSimulator, kubelet_dir: Path, cdi_dir: Path
 ) -> None:
     cdi_dir.mkdir()
-    marked = {"annotations": {OWNER_ANNOTATION: OWNER_VALUE, INSTANCE_ANNOTATION: "static"}}
-    (cdi_dir / "copy.yaml").write_text(json.dumps(marked))  # JSON under a .yaml name
+    marked = legacy_spec(SERIAL, SERIAL, "static")
+    (cdi_dir / "copy.yaml").write_bytes(marked)  # an old devplug spec under a .yaml name
     (cdi_dir / "deep.json").write_text("[" * 200_000)  # the JSON parser's recursion limit
     async with running_daemon(
         settings(kubelet_dir, cdi_dir), [StaticScanner({SERIAL: devices(1)})]
@@ -872,3 +937,64 @@ async def test_a_restart_with_the_same_devices_does_not_rewrite_the_spec(
         await eventually(lambda: daemon.cdi_catalog.get(SERIAL) is not None)
         assert daemon.cdi_sync is not None and daemon.cdi_sync.writes == 0
     assert stamp(cdi_dir / SERIAL_SPEC) == before
+
+
+# A CdiSync in a process of its own, for its peak RSS: the tree has one resource whose spec
+# name is taken by a foreign file and one whose name is free.
+RSS_PROBE = """
+import asyncio, resource, sys
+from pathlib import Path
+from devplug.config import CdiSettings
+from devplug.daemon.cdi_sync import CdiCatalog, CdiSync
+from devplug.model import DeviceInfo, DeviceNode, DeviceTree
+
+async def main():
+    catalog = CdiCatalog()
+    sync = CdiSync(CdiSettings(dir=Path(sys.argv[1])), catalog, "probe")
+    node = DeviceInfo(nodes=(DeviceNode("/dev/null"),))
+    sync.submit(DeviceTree({"vendor.example/big": {"a": node}, "example.com/mine": {"a": node}}))
+    task = asyncio.create_task(sync.run())
+    # Until both are settled: "big" written (an empty dir) or refused (its name is taken).
+    while catalog.get("example.com/mine") is None or (
+        catalog.get("vendor.example/big") is None and sync.failures < 1
+    ):
+        await asyncio.sleep(0.01)
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+    await sync.close()
+    print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, sync.failures)
+
+asyncio.run(main())
+"""
+
+
+async def peak_rss_kib(cdi_dir: Path) -> tuple[int, int]:
+    """The probe's peak RSS in KiB, and how many writes it saw fail."""
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", RSS_PROBE, str(cdi_dir), stdout=asyncio.subprocess.PIPE
+    )
+    async with asyncio.timeout(60):
+        out, _ = await process.communicate()
+    assert process.returncode == 0
+    rss, failures = out.splitlines()[-1].split()  # after the log lines
+    return int(rss), int(failures)
+
+
+async def test_a_huge_foreign_spec_is_never_read_whole(short_dir: Path) -> None:
+    """A foreign 57 MB spec in the CDI dir (once 1.5 GB of RSS at start-up, parsed whole):
+    the daemon's peak RSS stays what it is without the file, measured in the same run."""
+    empty, crowded = short_dir / "empty", short_dir / "crowded"
+    empty.mkdir()
+    crowded.mkdir()
+    device = b'{"name":"d%d","containerEdits":{"deviceNodes":[{"path":"/dev/null"}]}},'
+    body = b"".join(device % i for i in range(800_000))
+    big = b'{"cdiVersion":"0.5.0","kind":"vendor.example/big","devices":[' + body[:-1] + b"]}"
+    assert len(big) > 57_000_000
+    (crowded / "vendor.example-big.json").write_bytes(big)  # the name the resource wants
+    (crowded / "vendor.example-other.json").write_bytes(big)  # and one it does not
+    floor, refused = await peak_rss_kib(empty)
+    assert refused == 0
+    measured, refused = await peak_rss_kib(crowded)
+    assert refused >= 1  # the taken name was seen, and left alone
+    assert measured - floor < 16 * 1024, f"{floor} KiB without the files, {measured} KiB with"
+    assert (crowded / "vendor.example-big.json").read_bytes() == big  # never touched

@@ -31,6 +31,7 @@ import structlog
 from devplug._proto import deviceplugin_v1beta1_pb2 as pb
 from devplug._proto import deviceplugin_v1beta1_pb2_grpc as pb_grpc
 from devplug.cdi.files import TEMP_PREFIX
+from devplug.cdi.ownership import STATE_DIR
 from devplug.config import HotplugSettings
 from devplug.daemon.cdi_sync import TEMP_FILE_MIN_AGE_S
 from devplug.daemon.kubelet import CHECKPOINT_FILE, KUBELET_SOCKET
@@ -80,6 +81,11 @@ WAIT_S = 30.0  # generous: a loaded 2-core CI machine, and process start-up
 # A process must stop well before a Register call in flight would time out (10 s).
 PROMPT_EXIT_S = 5.0
 TROUBLE_EVENTS = frozenset({"scan.failed", "scan.incremental.failed", "cdi.sync.failed"})
+
+
+def visible(cdi_dir: Path) -> list[str]:
+    """What a runtime sees in the CDI dir: everything but devplug's state dir."""
+    return sorted(n for n in os.listdir(cdi_dir) if n != STATE_DIR)
 
 
 def hotplug() -> HotplugSettings:
@@ -656,7 +662,7 @@ async def test_the_cdi_dir_deleted_while_running(
                         == expected
                     )
                 )
-                assert sorted(os.listdir(cdi_dir)) == [SERIAL_SPEC]  # no temp file, no copy
+                assert visible(cdi_dir) == [SERIAL_SPEC]  # no temp file, no copy
                 newest = sorted(expected)[-1]
                 await eventually(functools.partial(cdi_names, daemon, newest))
                 (answer,) = await session.allocate([newest])
@@ -790,7 +796,7 @@ async def test_sigkill_then_restart_with_the_same_dirs(
             now = os.lstat(spec)
             assert (now.st_ino, now.st_mtime_ns) == (spec_stamp.st_ino, spec_stamp.st_mtime_ns)
             assert log.named("cdi.spec.written") == []
-            assert sorted(os.listdir(cdi_dir)) == sorted([SERIAL_SPEC, young.name])
+            assert visible(cdi_dir) == sorted([SERIAL_SPEC, young.name])
             assert sorted(p.name for p in kubelet_dir.iterdir()) == sorted(
                 [CHECKPOINT_FILE, KUBELET_SOCKET, plugin_socket.name]
             )
@@ -808,7 +814,7 @@ async def test_sigkill_then_restart_with_the_same_dirs(
     assert sorted(p.name for p in kubelet_dir.iterdir()) == sorted(
         [CHECKPOINT_FILE, KUBELET_SOCKET]
     )
-    assert young is not None and os.listdir(cdi_dir) == [young.name]
+    assert young is not None and visible(cdi_dir) == [young.name]
     assert outside() == before
 
 
@@ -904,5 +910,5 @@ async def test_sigterm_while_registering(
         assert leftovers in ([], [KUBELET_SOCKET]), leftovers
         assert not any(n.startswith(TEMP_SOCKET_PREFIX) for n in leftovers)
         # The spec, if it was written before the signal, went with the orderly stop.
-        assert not cdi_dir.exists() or os.listdir(cdi_dir) == []
+        assert not cdi_dir.exists() or visible(cdi_dir) == []
     assert outside() == before

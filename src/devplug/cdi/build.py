@@ -26,23 +26,6 @@ from devplug.errors import CdiSpecError
 from devplug.model import DeviceInfo
 from devplug.naming import natural_key
 
-# Marks a spec file as devplug's: only marked files are ever replaced or deleted.
-OWNER_ANNOTATION = "devplug.io/managed-by"
-OWNER_VALUE = "devplug"
-RESOURCE_ANNOTATION = "devplug.io/resource"
-# Which devplug wrote it: instances sharing a CDI dir (two DaemonSets) leave each other's
-# specs alone when they clean up.
-INSTANCE_ANNOTATION = "devplug.io/instance"
-DEFAULT_INSTANCE = "default"
-
-
-def spec_annotations(resource: str, instance: str) -> dict[str, str]:
-    return {
-        OWNER_ANNOTATION: OWNER_VALUE,
-        RESOURCE_ANNOTATION: resource,
-        INSTANCE_ANNOTATION: instance,
-    }
-
 
 def device_edits(info: DeviceInfo) -> ContainerEdits:
     """What a container gets for one device from its spec: nodes, mounts and CDI-only edits."""
@@ -81,15 +64,15 @@ def device_edits(info: DeviceInfo) -> ContainerEdits:
     )
 
 
-def resource_spec(
-    resource: str,
-    kind: str,
-    devices: Mapping[str, DeviceInfo],
-    instance: str = DEFAULT_INSTANCE,
-) -> Spec | None:
-    """The spec of ``resource``'s devices under ``kind``, or None when no device has anything
+def resource_spec(kind: str, devices: Mapping[str, DeviceInfo]) -> Spec | None:
+    """The spec of ``devices`` under ``kind``, or None when no device has anything
     to put in a container (the CDI library refuses devices with empty edits and specs
-    without devices). Devices are listed in natural id order, so the file is stable."""
+    without devices). Devices are listed in natural id order, so the file is stable.
+
+    The spec carries nothing but its devices: no annotations of devplug's own, which would
+    raise its cdiVersion to 0.6.0, a version CDI libraries before 0.6 (Debian 12's podman,
+    containerd 1.7, CRI-O 1.27) refuse whole. Ownership is kept in
+    :mod:`devplug.cdi.ownership` instead."""
     entries = []
     edits_of: dict[int, ContainerEdits] = {}  # shares of one device have one DeviceInfo
     for device_id in sorted(devices, key=natural_key):
@@ -101,11 +84,7 @@ def resource_spec(
             entries.append(SpecDevice(cdi_device_name(device_id), edits))
     if not entries:
         return None
-    return Spec(
-        kind=kind,
-        devices=tuple(entries),
-        annotations=spec_annotations(resource, instance),
-    )
+    return Spec(kind=kind, devices=tuple(entries))
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,14 +103,12 @@ class SpecRenderer:
     thread at a time.
     """
 
-    def __init__(self, resource: str, kind: str, instance: str = DEFAULT_INSTANCE) -> None:
-        self.resource = resource
+    def __init__(self, kind: str) -> None:
         self.kind = kind
-        self._annotations = spec_annotations(resource, instance)
-        problems = head_problems(kind, self._annotations, None)
+        problems = head_problems(kind, {}, None)
         if problems:
             raise CdiSpecError(f"invalid CDI spec for kind {kind!r}: {'; '.join(problems)}")
-        self._head_version = head_version(kind, self._annotations, None)
+        self._head_version = head_version(kind, {}, None)
         # name -> (the DeviceInfo it was made from, its fragment or None if empty, version)
         self._made: dict[str, tuple[DeviceInfo, bytes | None, str]] = {}
         # The ids of the last render in file order: reused while the set of ids is the same
@@ -161,7 +138,7 @@ class SpecRenderer:
         if not fragments:
             return None
         version = later_version(*versions)
-        data = assemble_spec_json(self.kind, self._annotations, version, fragments)
+        data = assemble_spec_json(self.kind, {}, version, fragments)
         return RenderedSpec(data, frozenset(names))
 
     @staticmethod

@@ -1,41 +1,74 @@
-"""Spec files on disk: atomic writes, and telling devplug's files from everyone else's.
+"""Files in the CDI dir: atomic replacement, removal and bounded reads, through aiofiles.
 
-Blocking; the daemon calls these through ``asyncio.to_thread``. A spec is written to a temp
-file in the same directory (named without a ``.json``/``.yaml`` extension, which runtimes
-skip), fsynced, given mode 0644 and renamed over the spec's name, then the directory is
-fsynced: a runtime sees the old file or the new one, never a part. A file is devplug's when
-its spec carries the owner annotation; no other file is ever replaced or deleted.
+A file is written to a temp file in the same directory (named without a ``.json``/``.yaml``
+extension, which runtimes skip), fsynced, given its mode and renamed over its name, then the
+directory is fsynced: a runtime sees the old file or the new one, never a part. Every read is
+bounded and never follows a symlink: the CDI dir is shared with other writers, and one of
+their files may be huge (a 57 MB foreign spec once cost 1.5 GB of RSS to parse).
+
+Who owns which file is :mod:`devplug.cdi.ownership`'s job; this module only moves bytes.
 """
 
 from __future__ import annotations
 
 import contextlib
 import errno
-import json
 import os
 import stat
-import tempfile
 import time
 from pathlib import Path
 from typing import NamedTuple
 
-from devplug.cdi.build import (
-    DEFAULT_INSTANCE,
-    INSTANCE_ANNOTATION,
-    OWNER_ANNOTATION,
-    OWNER_VALUE,
-    RESOURCE_ANNOTATION,
-)
+import aiofiles
+import aiofiles.os
+import aiofiles.tempfile
 
 TEMP_PREFIX = ".devplug-tmp-"
 SPEC_MODE = 0o644
 DIR_MODE = 0o755
 SPEC_SUFFIXES = (".json", ".yaml")
-# Specs of 10,000 devices are a few MiB; anything far bigger is not one of ours.
-MAX_READ_BYTES = 64 * 1024 * 1024
+
+_fsync = aiofiles.os.wrap(os.fsync)
+_fchmod = aiofiles.os.wrap(os.fchmod)
+_fstat = aiofiles.os.wrap(os.fstat)
+_open = aiofiles.os.wrap(os.open)
+_close = aiofiles.os.wrap(os.close)
 
 
-def _check_file_name(file_name: str) -> None:
+class FileStamp(NamedTuple):
+    """Tells "the file we wrote" from any other without reading it."""
+
+    device: int
+    inode: int
+    size: int
+    mtime_ns: int
+
+
+def stamp_of(info: os.stat_result) -> FileStamp:
+    return FileStamp(info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns)
+
+
+def file_stamp(path: Path) -> FileStamp | None:
+    """The stamp of ``path`` (not followed through a symlink), None if it is missing.
+
+    Synchronous on purpose: Allocate confirms its spec with this one lstat on the event loop.
+    """
+    try:
+        return stamp_of(os.lstat(path))
+    except OSError:
+        return None
+
+
+async def stamp(path: Path) -> FileStamp | None:
+    """:func:`file_stamp`, off the event loop."""
+    try:
+        return stamp_of(await aiofiles.os.stat(path, follow_symlinks=False))
+    except OSError:
+        return None
+
+
+def check_spec_file_name(file_name: str) -> None:
+    """Refuse anything but a plain ``*.json`` name in the dir (devplug writes nothing else)."""
     if (
         "/" in file_name
         or "\0" in file_name
@@ -45,199 +78,138 @@ def _check_file_name(file_name: str) -> None:
         raise ValueError(f"not a spec file name: {file_name!r}")
 
 
-class ForeignSpecError(FileExistsError):
-    """The spec's file name is taken by a file devplug did not write; it is left alone."""
-
-
-# (device, inode, size, mtime in ns) of a file: tells "the file we wrote" without reading it.
-FileStamp = tuple[int, int, int, int]
-
-
-def file_stamp(path: Path) -> FileStamp | None:
-    try:
-        info = os.lstat(path)
-    except OSError:
-        return None
-    return _stamp_of(info)
-
-
-def _stamp_of(info: os.stat_result) -> FileStamp:
-    return (info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns)
-
-
-def write_spec_file(
-    directory: Path, file_name: str, data: bytes, *, ours: FileStamp | None = None
+async def write_atomically(
+    directory: Path, file_name: str, data: bytes, mode: int = SPEC_MODE
 ) -> FileStamp:
-    """Replace ``directory/file_name`` with ``data`` atomically (creating the directory);
-    return the file's stamp.
+    """Replace ``directory/file_name`` with ``data`` atomically; return the new file's stamp.
 
-    Raises OSError (ENOSPC, EACCES, EROFS, ...) with nothing left behind but the old file, and
-    ForeignSpecError when the name belongs to a file devplug did not write. ``ours`` is the
-    stamp of the file this process wrote last: when it still matches, the file is not read
-    again to check its owner (a spec of 10,000 devices takes ~30 ms to parse). A devplug file
-    that already holds ``data`` (after a restart, say) is left as it is.
+    Raises OSError (ENOSPC, EACCES, EROFS, ...) with nothing left behind but the old file.
+    Not safe to cancel half way (the rename may still happen in its worker thread): callers
+    that can be cancelled shield it.
     """
-    _check_file_name(file_name)
-    target = directory / file_name
-    current = file_stamp(target)
-    if current is not None and current != ours:
-        existing = _read_small_regular(target)
-        if existing is None or spec_owner(existing) is None:
-            raise ForeignSpecError(
-                errno.EEXIST,
-                f"{target} exists and was not written by devplug (no {OWNER_ANNOTATION} "
-                "annotation); it is left alone: remove it, or give the resource another kind "
-                "in cdi.kinds",
-            )
-        if existing == data:
-            return current
-    directory.mkdir(mode=DIR_MODE, parents=True, exist_ok=True)
-    handle, temp = tempfile.mkstemp(prefix=TEMP_PREFIX, dir=directory)
-    try:
+    async with aiofiles.tempfile.NamedTemporaryFile(
+        "wb", dir=directory, prefix=TEMP_PREFIX, delete=False
+    ) as temp:
+        temp_path = str(temp.name)
         try:
-            view = memoryview(data)
-            while view:
-                written = os.write(handle, view)
-                view = view[written:]
-            os.fchmod(handle, SPEC_MODE)
-            os.fsync(handle)
+            await temp.write(data)
+            await temp.flush()
+            await _fchmod(temp.fileno(), mode)
+            await _fsync(temp.fileno())
             # Stamped from the open file, not from the name after the rename: someone may
             # delete the file in between, and a missing stamp would read as "still there".
-            stamp = _stamp_of(os.fstat(handle))
-        finally:
-            os.close(handle)
-        os.replace(temp, target)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(temp)
-        raise
-    _fsync_dir(directory)
-    return stamp
-
-
-def _fsync_dir(directory: Path) -> None:
-    """Make the rename durable; best effort (some filesystems refuse fsync on a directory)."""
+            written = stamp_of(await _fstat(temp.fileno()))
+        except BaseException:
+            await _discard(temp_path)
+            raise
     try:
-        handle = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+        await aiofiles.os.replace(temp_path, directory / file_name)
+    except BaseException:
+        await _discard(temp_path)
+        raise
+    await fsync_dir(directory)
+    return written
+
+
+async def create_exclusively(
+    directory: Path, file_name: str, data: bytes, mode: int
+) -> FileStamp | None:
+    """Create ``directory/file_name`` holding ``data`` unless the name exists (atomically:
+    written aside, then hard-linked into place); return its stamp, None if it existed."""
+    async with aiofiles.tempfile.NamedTemporaryFile(
+        "wb", dir=directory, prefix=TEMP_PREFIX, delete=False
+    ) as temp:
+        temp_path = str(temp.name)
+        try:
+            await temp.write(data)
+            await temp.flush()
+            await _fchmod(temp.fileno(), mode)
+            await _fsync(temp.fileno())
+            written = stamp_of(await _fstat(temp.fileno()))
+        except BaseException:
+            await _discard(temp_path)
+            raise
+    try:
+        await aiofiles.os.link(temp_path, directory / file_name)
+    except FileExistsError:
+        return None
+    finally:
+        await _discard(temp_path)
+    await fsync_dir(directory)
+    # A hard link shares the inode; only the link count (not in the stamp) differs.
+    return written
+
+
+async def _discard(path: str) -> None:
+    with contextlib.suppress(OSError):
+        await aiofiles.os.unlink(path)
+
+
+async def fsync_dir(directory: Path) -> None:
+    """Make a rename durable; best effort (some filesystems refuse fsync on a directory)."""
+    try:
+        handle = await _open(directory, os.O_RDONLY | os.O_DIRECTORY)
     except OSError:
         return
     try:
         with contextlib.suppress(OSError):
-            os.fsync(handle)
+            await _fsync(handle)
     finally:
-        os.close(handle)
+        await _close(handle)
 
 
-def _read_small_regular(path: Path) -> bytes | None:
-    """The file's bytes if it is a regular file (not followed through a symlink) that is not
-    too big, else None."""
-    try:
-        handle = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-    except OSError:
-        return None
-    try:
-        info = os.fstat(handle)
-        if not stat.S_ISREG(info.st_mode) or info.st_size > MAX_READ_BYTES:
-            return None
-        chunks = []
-        while chunk := os.read(handle, 1 << 20):
-            chunks.append(chunk)
-        return b"".join(chunks)
-    except OSError:
-        return None
-    finally:
-        os.close(handle)
-
-
-class SpecOwner(NamedTuple):
-    resource: str  # "" if the spec does not say
-    instance: str  # the devplug instance that wrote it
-
-
-def spec_owner(data: bytes) -> SpecOwner | None:
-    """Who wrote a spec, if devplug did; None for anyone else's (or anything unparsable)."""
-    try:
-        document = json.loads(data)
-    except (ValueError, UnicodeDecodeError, RecursionError):
-        return None  # YAML specs are never ours: devplug writes JSON
-    if not isinstance(document, dict):
-        return None
-    annotations = document.get("annotations")
-    if not isinstance(annotations, dict) or annotations.get(OWNER_ANNOTATION) != OWNER_VALUE:
-        return None
-    resource = annotations.get(RESOURCE_ANNOTATION, "")
-    instance = annotations.get(INSTANCE_ANNOTATION, DEFAULT_INSTANCE)
-    return SpecOwner(
-        resource if isinstance(resource, str) else "",
-        instance if isinstance(instance, str) else "",
-    )
-
-
-def owner_of(path: Path) -> SpecOwner | None:
-    data = _read_small_regular(path)
-    return None if data is None else spec_owner(data)
-
-
-def owned_specs(directory: Path, instance: str | None = None) -> dict[str, str]:
-    """file name -> resource of devplug's spec files in ``directory`` (of ``instance`` only,
-    when given); empty if the directory is absent. Only ``.json`` files: devplug writes no
-    other kind."""
-    try:
-        names = sorted(entry.name for entry in os.scandir(directory))
-    except FileNotFoundError:
-        return {}
-    found = {}
-    for name in names:
-        if name.endswith(".json") and not name.startswith("."):
-            owner = owner_of(directory / name)
-            if owner is not None and instance in (None, owner.instance):
-                found[name] = owner.resource
-    return found
-
-
-def remove_owned_spec(
-    directory: Path,
-    file_name: str,
-    *,
-    instance: str | None = None,
-    stamp: FileStamp | None = None,
-) -> bool:
-    """Delete ``file_name`` if it is (still) devplug's, of ``instance`` when given, and still
-    the very file of ``stamp`` when given (not one another instance wrote since); True if the
-    name is free afterwards."""
-    _check_file_name(file_name)
-    path = directory / file_name
-    current = file_stamp(path)
-    if current is None:
-        return True
-    if stamp is not None and current != stamp:
-        return False  # rewritten by someone else since: theirs now
-    owner = owner_of(path)
-    if owner is None or instance not in (None, owner.instance):
-        return False
+async def remove_file(directory: Path, file_name: str) -> None:
+    """Delete ``directory/file_name`` (gone already is fine) and make it durable."""
     with contextlib.suppress(FileNotFoundError):
-        os.unlink(path)
-    _fsync_dir(directory)
-    return True
+        await aiofiles.os.unlink(directory / file_name)
+    await fsync_dir(directory)
 
 
-def remove_temp_files(directory: Path, min_age_s: float = 0.0) -> int:
+def _no_follow(path: str, flags: int) -> int:
+    return os.open(path, flags | os.O_NOFOLLOW | os.O_NONBLOCK)
+
+
+async def read_bounded(path: Path, limit: int) -> bytes | None:
+    """At most ``limit`` bytes from the start of ``path``, if it is a regular file (a symlink,
+    FIFO or device is never opened through); None if it cannot be read. Reads ``limit + 1``
+    at most, so callers can tell a file that fits from one that is longer."""
+    try:
+        async with aiofiles.open(path, "rb", opener=_no_follow) as handle:
+            info = await _fstat(handle.fileno())
+            if not stat.S_ISREG(info.st_mode):
+                return None
+            return await handle.read(limit + 1)
+    except OSError:
+        return None
+
+
+async def ensure_dir(directory: Path, mode: int = DIR_MODE) -> None:
+    """Create ``directory`` (and its parents) if missing; raise OSError if it cannot be, or
+    is not a directory."""
+    try:
+        await aiofiles.os.makedirs(directory, mode=mode, exist_ok=True)
+    except FileExistsError:
+        raise NotADirectoryError(errno.ENOTDIR, "not a directory", str(directory)) from None
+
+
+async def remove_temp_files(directory: Path, min_age_s: float = 0.0) -> int:
     """Delete temp files an interrupted devplug left behind, older than ``min_age_s`` (a
     younger one may be another instance's write in progress); return how many."""
-    removed = 0
     try:
-        entries = list(os.scandir(directory))
+        names = await aiofiles.os.listdir(directory)
     except OSError:
         return 0
+    removed = 0
     now = time.time()
-    for entry in entries:
-        if not entry.name.startswith(TEMP_PREFIX):
+    for name in names:
+        if not name.startswith(TEMP_PREFIX):
             continue
+        path = directory / name
         try:
-            info = entry.stat(follow_symlinks=False)
+            info = await aiofiles.os.stat(path, follow_symlinks=False)
             if not stat.S_ISREG(info.st_mode) or now - info.st_mtime < min_age_s:
                 continue
-            os.unlink(entry.path)
+            await aiofiles.os.unlink(path)
             removed += 1
         except OSError as exc:
             if exc.errno != errno.ENOENT:

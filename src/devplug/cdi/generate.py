@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Mapping
 from pathlib import Path
+from typing import NamedTuple
 
-from devplug.cdi.build import DEFAULT_INSTANCE, resource_spec
-from devplug.cdi.files import owned_specs, remove_owned_spec, write_spec_file
+from devplug.cdi.build import resource_spec
 from devplug.cdi.names import default_kind, spec_file_name
 from devplug.cdi.spec import Spec, spec_document, spec_json
+from devplug.cdi.store import DEFAULT_INSTANCE, SpecStore
 from devplug.errors import CdiSpecError
 from devplug.model import DeviceTree
 
@@ -17,14 +19,18 @@ from devplug.model import DeviceTree
 STATIC_CDI_DIR = Path("/etc/cdi")
 
 
-def tree_specs(
-    tree: DeviceTree, kinds: Mapping[str, str], instance: str = DEFAULT_INSTANCE
-) -> dict[str, Spec]:
-    """spec file name -> spec, for every resource with something to put in a container.
+class ResourceSpec(NamedTuple):
+    resource: str
+    spec: Spec
+
+
+def tree_specs(tree: DeviceTree, kinds: Mapping[str, str]) -> dict[str, ResourceSpec]:
+    """spec file name -> (resource, spec), for every resource with something to put in a
+    container.
 
     Raises CdiSpecError for a resource without a valid kind, or two resources on one file.
     """
-    specs: dict[str, Spec] = {}
+    specs: dict[str, ResourceSpec] = {}
     owners: dict[str, str] = {}
     for resource in sorted(tree):
         kind = kinds.get(resource) or default_kind(resource)
@@ -34,34 +40,54 @@ def tree_specs(
                 f"{owners[name]} and {resource} would both be written to {name}; "
                 "set cdi.kinds for one of them"
             )
-        spec = resource_spec(resource, kind, tree[resource], instance)
+        spec = resource_spec(kind, tree[resource])
         if spec is not None:
-            specs[name] = spec
+            specs[name] = ResourceSpec(resource, spec)
             owners[name] = resource
     return specs
 
 
-def write_tree_specs(
-    directory: Path, specs: Mapping[str, Spec], prune_instance: str | None = None
+async def write_tree_specs(
+    directory: Path,
+    specs: Mapping[str, ResourceSpec],
+    instance: str = DEFAULT_INSTANCE,
+    *,
+    prune: bool = False,
 ) -> tuple[list[str], list[str]]:
-    """Write ``specs`` into ``directory``; with ``prune_instance``, also delete that devplug
-    instance's other specs there (resources the host no longer has). Return (written,
-    removed) file names."""
+    """Write ``specs`` into ``directory`` as ``instance``'s; with ``prune``, also delete that
+    instance's other specs there (resources the host no longer has) whose daemon, if any, is
+    gone. Return (written, removed) file names.
+
+    Raises ForeignSpecError / SpecHeldError (devplug.cdi.store) for a name someone else holds.
+    """
+    store = SpecStore(directory, instance)
+    await store.prepare()
     written = []
-    for name, spec in sorted(specs.items()):
-        write_spec_file(directory, name, spec_json(spec))
+    for name, (resource, spec) in sorted(specs.items()):
+        await store.write(name, resource, spec_json(spec))
         written.append(name)
     removed = []
-    if prune_instance is not None:
-        for name in sorted(owned_specs(directory, prune_instance)):
-            if name not in specs and remove_owned_spec(directory, name, instance=prune_instance):
+    if prune:
+        for name in await store.stale_candidates():
+            if name not in specs and await store.remove_stale(name) is not None:
                 removed.append(name)
     return written, removed
 
 
-def specs_text(specs: Mapping[str, Spec]) -> str:
+def write_tree_specs_blocking(
+    directory: Path,
+    specs: Mapping[str, ResourceSpec],
+    instance: str = DEFAULT_INSTANCE,
+    *,
+    prune: bool = False,
+) -> tuple[list[str], list[str]]:
+    """:func:`write_tree_specs` for a command line without a running loop."""
+    return asyncio.run(write_tree_specs(directory, specs, instance, prune=prune))
+
+
+def specs_text(specs: Mapping[str, ResourceSpec]) -> str:
     """The specs as one JSON object, file name -> spec, for ``--stdout``."""
-    document = {name: spec_document(spec) for name, spec in sorted(specs.items())}
-    for spec in specs.values():
+    for _, spec in specs.values():
         spec_json(spec)  # validates
+    document = {name: spec_document(spec) for name, (_, spec) in sorted(specs.items())}
     return json.dumps(document, indent=2) + "\n"

@@ -1,11 +1,16 @@
 """Keeping the CDI spec files in line with the advertised devices, off the RPC path.
 
 After each scan the daemon hands the new tree to :class:`CdiSync`, whose task rebuilds the
-specs of the resources that changed and writes those whose bytes changed, in a worker thread
-(a spec of 10,000 devices takes tens of milliseconds to build). Specs are written when devices
-are discovered, not inside Allocate; a resource that goes away takes its spec with it, and so
-does an orderly shutdown unless ``keep_on_exit``. At start-up, specs devplug wrote earlier for
-resources it no longer has are deleted; files without devplug's mark are never touched.
+specs of the resources that changed (in a worker thread: a spec of 10,000 devices takes tens
+of milliseconds to build) and writes those whose bytes changed (through aiofiles). Specs are
+written when devices are discovered, not inside Allocate; a resource that goes away takes its
+spec with it, and so does an orderly shutdown unless ``keep_on_exit``. At start-up, specs this
+instance wrote in an earlier run for resources it no longer has are deleted.
+
+The CDI dir is shared (:mod:`devplug.cdi.store` has the rules): files of other writers are
+never touched, and a spec another running devplug serves is left to it until it stops. One
+inotify watch on the dir notices a spec deleted or replaced behind this daemon's back, or
+released by another daemon, within milliseconds.
 
 A write that fails (full disk, read-only or unwritable dir) is logged with its reason and
 retried with back-off; meanwhile the daemon keeps serving, and Allocate names only devices of
@@ -23,17 +28,13 @@ from pathlib import Path
 
 import structlog
 
-from devplug.cdi.build import DEFAULT_INSTANCE, SpecRenderer
-from devplug.cdi.files import (
-    FileStamp,
-    file_stamp,
-    owned_specs,
-    remove_owned_spec,
-    remove_temp_files,
-    write_spec_file,
-)
+from devplug.cdi.build import SpecRenderer
+from devplug.cdi.files import FileStamp, file_stamp, remove_temp_files, stamp
 from devplug.cdi.names import default_kind, spec_file_name
+from devplug.cdi.ownership import STATE_DIR, OwnerLock, state_dir
+from devplug.cdi.store import DEFAULT_INSTANCE, SpecHeldError, SpecStore
 from devplug.config import CdiSettings
+from devplug.daemon.dirwatch import DirWatcher
 from devplug.daemon.values import LatestValue
 from devplug.errors import CdiSpecError
 from devplug.model import DeviceInfo, DeviceTree
@@ -132,20 +133,53 @@ class _Written:
     stamp: FileStamp | None  # the file as written, to recognise it without reading it
 
 
+@dataclass(frozen=True, slots=True)
+class _Write:
+    renderer: SpecRenderer
+    file_name: str
+    devices: Mapping[str, DeviceInfo]  # the resource's devices now
+
+
+@dataclass(frozen=True, slots=True)
+class _Removal:
+    file_name: str
+    stamp: FileStamp | None  # the file as this daemon wrote it
+
+
+@dataclass(frozen=True, slots=True)
+class _Check:
+    """A spec written before and unchanged since: still there as written, or written again."""
+
+    file_name: str
+    stamp: FileStamp | None
+    data: bytes
+
+
 @dataclass(slots=True)
 class _Plan:
-    """One pass: specs to write (or confirm) and files to remove, decided on the loop."""
+    """One pass: specs to write, check or remove, decided on the loop (resource -> job)."""
 
-    # resource -> (its renderer, its spec file name, its devices now)
-    write: dict[str, tuple[SpecRenderer, str, Mapping[str, DeviceInfo]]] = field(
-        default_factory=dict
-    )
-    # resource -> (file name, the stamp of this process's write)
-    remove: dict[str, tuple[str, FileStamp | None]] = field(default_factory=dict)
+    write: dict[str, _Write] = field(default_factory=dict)
+    remove: dict[str, _Removal] = field(default_factory=dict)
     forget: set[str] = field(default_factory=set)  # resources whose file another one took
-    # Specs written before and unchanged: checked to be still there as written (someone may
-    # have deleted or replaced them), rewritten if not. resource -> (file name, stamp, bytes)
-    verify: dict[str, tuple[str, FileStamp | None, bytes]] = field(default_factory=dict)
+    verify: dict[str, _Check] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class _Done:
+    data: bytes  # the spec's bytes (empty: the resource has no spec)
+    entry: CdiResource | None  # what it defines (None: unchanged, for a check)
+    wrote: bool  # whether the file was written now
+    stamp: FileStamp | None
+
+
+# A job's outcome: done, removed (None), or why it failed.
+_Outcome = _Done | Exception | None
+
+
+def _relevant(name: str) -> bool:
+    """Names in the CDI dir whose changes may concern our specs."""
+    return (name.endswith(".json") and not name.startswith(".")) or name == STATE_DIR
 
 
 class CdiSync:
@@ -155,8 +189,11 @@ class CdiSync:
         self.settings = settings
         self.catalog = catalog
         self.directory = settings.dir
-        # Written into each spec; clean-ups touch only this instance's specs.
+        # Clean-ups touch only this instance's specs; the lock tells other daemons this one
+        # is alive, so they leave its specs alone.
         self.instance = instance
+        self.store = SpecStore(self.directory, instance, OwnerLock(self.directory))
+        self.watcher = DirWatcher(self.directory, _relevant, "cdi")
         self._tree: LatestValue[DeviceTree | None] = LatestValue(None)
         self._written: dict[str, _Written] = {}
         self._failing: dict[str, str] = {}  # resource -> the reason of its last failure
@@ -171,8 +208,9 @@ class CdiSync:
         """The devices now advertised; the task writes what changed."""
         self._tree.set(tree)
 
-    def _stale(self, resource: str) -> None:
-        """A spec vanished: a pass now checks every spec and writes the missing ones again."""
+    def _stale(self, resource: str | None = None) -> None:
+        """Something in the dir changed: a pass now checks every spec and writes again the
+        missing ones (and takes over those another daemon released)."""
         if self._tree.value is not None:
             self._tree.set(self._tree.value)
 
@@ -194,6 +232,21 @@ class CdiSync:
             return None
 
     async def run(self) -> None:
+        """Follow the tree and the CDI dir until cancelled."""
+        with contextlib.suppress(OSError):  # failures are logged by the passes that follow
+            await self.store.prepare()  # the dir exists before it is watched
+        async with asyncio.TaskGroup() as group:
+            group.create_task(self.watcher.run(), name="cdi-dir-watch")
+            group.create_task(self._follow_dir(), name="cdi-dir-follow")
+            await self._passes()
+
+    async def _follow_dir(self) -> None:
+        version = self.watcher.changes.version
+        while True:
+            version = await self.watcher.changes.wait_changed(version)
+            self._stale()
+
+    async def _passes(self) -> None:
         """Reconcile at start, then follow the tree; retry failures with back-off."""
         delay = RETRY_INITIAL_S
         async for tree in self._tree.as_changed():
@@ -228,29 +281,29 @@ class CdiSync:
                     await self._tree.wait_changed(version)
 
     async def _reconcile_start(self) -> bool:
-        """Delete this instance's specs of earlier runs for resources not advertised now, and
-        old temp files; True when done (False: the dir could not be read, try again)."""
+        """Delete this instance's specs of earlier runs for resources not advertised now, old
+        temp files and the locks of daemons gone; True when done (False: the dir could not be
+        read, try again)."""
         tree = self._tree.value or DeviceTree()
         wanted = {spec_file_name(k) for r in tree if (k := self.kind_of(r)) is not None}
         try:
-            stale_temps = await asyncio.to_thread(
-                remove_temp_files, self.directory, TEMP_FILE_MIN_AGE_S
-            )
-            owned = await asyncio.to_thread(owned_specs, self.directory, self.instance)
+            await self.store.prepare()
+            stale_temps = await remove_temp_files(self.directory, TEMP_FILE_MIN_AGE_S)
+            stale_temps += await remove_temp_files(state_dir(self.directory), TEMP_FILE_MIN_AGE_S)
+            await self.store.remove_dead_locks()
+            candidates = await self.store.stale_candidates()
         except OSError as exc:
             log.warning("cdi.reconcile.failed", dir=str(self.directory), reason=_reason(exc))
             return False
-        for name, resource in sorted(owned.items()):
+        for name in candidates:
             if name in wanted:
                 continue
             try:
-                removed = await asyncio.to_thread(
-                    remove_owned_spec, self.directory, name, instance=self.instance
-                )
+                resource = await self.store.remove_stale(name)
             except OSError as exc:
                 log.warning("cdi.spec.remove_failed", file=name, reason=_reason(exc))
                 continue
-            if removed:
+            if resource is not None:
                 log.info("cdi.spec.removed", file=name, resource=resource, reason="stale")
         if stale_temps:
             log.info("cdi.temp_files.removed", count=stale_temps)
@@ -282,15 +335,15 @@ class CdiSync:
             done = self._written.get(resource)
             if done is not None and done.devices is devices and resource not in self._failing:
                 # The same device map as last time: nothing to rebuild, only to check.
-                plan.verify[resource] = (done.entry.file_name, done.stamp, done.data)
+                plan.verify[resource] = _Check(done.entry.file_name, done.stamp, done.data)
                 continue
             renderer = self._renderers.get(resource)
             if renderer is None or renderer.kind != kind:
-                renderer = self._renderers[resource] = SpecRenderer(resource, kind, self.instance)
-            plan.write[resource] = (renderer, file_name, devices)
+                renderer = self._renderers[resource] = SpecRenderer(kind)
+            plan.write[resource] = _Write(renderer, file_name, devices)
         for resource, done in self._written.items():
             if resource not in tree:
-                plan.remove[resource] = (done.entry.file_name, done.stamp)
+                plan.remove[resource] = _Removal(done.entry.file_name, done.stamp)
             elif claimed.get(done.entry.file_name) != resource:
                 # Its file now belongs to another resource: forget it without deleting it.
                 plan.forget.add(resource)
@@ -314,24 +367,75 @@ class CdiSync:
             for r in plan.write
             if r in self._written
         }
-        # While the thread replaces files, Allocate may only name devices that the old file
-        # and the new one define alike: those whose DeviceInfo did not change.
+        # While files are replaced, Allocate may only name devices that the old file and the
+        # new one define alike: those whose DeviceInfo did not change.
         before = {r: self.catalog.get(r) for r in (*plan.write, *plan.remove)}
         for resource in plan.remove:
             self.catalog.set(resource, None)
-        for resource, (_, _, devices) in plan.write.items():
+        for resource, job in plan.write.items():
             old = before[resource]
             if old is not None:
-                self.catalog.set(resource, old.narrowed_to(devices))
-        work = asyncio.ensure_future(asyncio.to_thread(_carry_out, self.directory, plan, previous))
+                self.catalog.set(resource, old.narrowed_to(job.devices))
+        work = asyncio.ensure_future(self._carry_out(plan, previous))
         try:
             outcomes = await asyncio.shield(work)
         except asyncio.CancelledError:
-            # Stopping: the thread cannot be stopped, so wait for it and record what it wrote,
-            # or close() would not know to remove a spec written in these last milliseconds.
+            # Stopping: a rename may be under way in a worker thread, so wait for the work and
+            # record what it wrote, or close() would not know to remove a spec written in
+            # these last milliseconds.
             self._record(plan, await work, before)
             raise
         self._record(plan, outcomes, before)
+
+    async def _carry_out(
+        self, plan: _Plan, previous: Mapping[str, tuple[bytes, FileStamp | None]]
+    ) -> dict[str, _Outcome]:
+        """Build, compare and write specs; remove files. Never raises OSError: each
+        resource's failure is its outcome."""
+        outcomes: dict[str, _Outcome] = {}
+        try:
+            await self.store.prepare()
+        except OSError as exc:
+            return {r: exc for r in (*plan.write, *plan.verify, *plan.remove)}
+        for resource, job in plan.write.items():
+            try:
+                outcomes[resource] = await self._write(resource, job, previous.get(resource))
+            except (OSError, CdiSpecError) as exc:
+                outcomes[resource] = exc
+        for resource, check in plan.verify.items():
+            if await stamp(self.directory / check.file_name) == check.stamp:
+                continue
+            try:
+                written = await self.store.write(check.file_name, resource, check.data)
+                outcomes[resource] = _Done(check.data, None, written.changed, written.stamp)
+            except OSError as exc:
+                outcomes[resource] = exc
+        for resource, removal in plan.remove.items():
+            try:
+                await self.store.remove(removal.file_name, expected=removal.stamp)
+                outcomes[resource] = None
+            except OSError as exc:
+                outcomes[resource] = exc
+        return outcomes
+
+    async def _write(
+        self, resource: str, job: _Write, previous: tuple[bytes, FileStamp | None] | None
+    ) -> _Done:
+        # Rendering is CPU work (validating thousands of devices on a first render): a thread.
+        rendered = await asyncio.to_thread(job.renderer.render, job.devices)
+        if rendered is None:
+            await self.store.remove(job.file_name)
+            return _Done(b"", None, False, None)
+        entry = CdiResource(job.renderer.kind, job.file_name, rendered.names, job.devices)
+        old_data, old_stamp = previous or (None, None)
+        if (
+            old_data == rendered.data
+            and old_stamp is not None
+            and await stamp(self.directory / job.file_name) == old_stamp
+        ):
+            return _Done(rendered.data, entry, False, old_stamp)  # still there as written
+        written = await self.store.write(job.file_name, resource, rendered.data)
+        return _Done(rendered.data, entry, written.changed, written.stamp)
 
     def _record(
         self,
@@ -341,19 +445,7 @@ class CdiSync:
     ) -> None:
         for resource, outcome in outcomes.items():
             if isinstance(outcome, Exception):
-                self.failures += 1
-                reason = _reason(outcome)
-                if self._failing.get(resource) != reason:
-                    log.warning(
-                        "cdi.spec.write_failed",
-                        resource=resource,
-                        dir=str(self.directory),
-                        reason=reason,
-                        retry="with back-off; Allocate gives device specs meanwhile",
-                    )
-                self._failing[resource] = reason
-                if resource in before:
-                    self.catalog.set(resource, before[resource])  # the old file is still there
+                self._record_failure(resource, outcome, before)
                 continue
             if resource in plan.remove:
                 self._written.pop(resource, None)
@@ -363,94 +455,82 @@ class CdiSync:
                 continue
             if outcome is None:
                 continue  # unreachable: None is only a removal's outcome
-            data, entry, wrote, stamp = outcome
             if resource in plan.verify:
                 done = self._written[resource]
-                if wrote:  # it had gone or been replaced: rewritten
+                if outcome.wrote:  # it had gone or been replaced: rewritten
                     self.writes += 1
-                    done.stamp = stamp
-                    done.entry = replace(done.entry, stamp=stamp)
                     log.warning("cdi.spec.rewritten", resource=resource, reason="changed on disk")
+                done.stamp = outcome.stamp
+                done.entry = replace(done.entry, stamp=outcome.stamp)
                 self.catalog.set(resource, done.entry)  # back, if Allocate had dropped it
                 continue
-            devices = plan.write[resource][2]
-            if entry is None:
+            job = plan.write[resource]
+            if outcome.entry is None:
                 self._written.pop(resource, None)
                 self.catalog.set(resource, None)
             else:
-                entry = replace(entry, path=self.directory / entry.file_name, stamp=stamp)
-                self._written[resource] = _Written(devices, data, entry, stamp)
+                entry = replace(
+                    outcome.entry, path=self.directory / job.file_name, stamp=outcome.stamp
+                )
+                self._written[resource] = _Written(job.devices, outcome.data, entry, outcome.stamp)
                 self.catalog.set(resource, entry)
-            if wrote:
+            if outcome.wrote:
                 self.writes += 1
-                log.info("cdi.spec.written", resource=resource, file=plan.write[resource][1])
+                log.info("cdi.spec.written", resource=resource, file=job.file_name)
             if resource in self._failing:
                 log.info("cdi.spec.recovered", resource=resource)
                 del self._failing[resource]
 
+    def _record_failure(
+        self, resource: str, error: Exception, before: Mapping[str, CdiResource | None]
+    ) -> None:
+        self.failures += 1
+        reason = _reason(error)
+        if isinstance(error, SpecHeldError):
+            # Another running daemon serves this spec (a second `devplug run` on the same
+            # dirs, say): leave it to that one; the dir watch says when it lets go.
+            self._written.pop(resource, None)
+            self.catalog.set(resource, None)
+            if self._failing.get(resource) != reason:
+                log.warning(
+                    "cdi.spec.held_elsewhere",
+                    resource=resource,
+                    dir=str(self.directory),
+                    held_by=error.instance,
+                    reason=reason,
+                    retry="when that daemon lets go; Allocate gives device specs meanwhile",
+                )
+            self._failing[resource] = reason
+            return
+        if self._failing.get(resource) != reason:
+            log.warning(
+                "cdi.spec.write_failed",
+                resource=resource,
+                dir=str(self.directory),
+                reason=reason,
+                retry="with back-off; Allocate gives device specs meanwhile",
+            )
+        self._failing[resource] = reason
+        if resource in before:
+            self.catalog.set(resource, before[resource])  # the old file is still there
+
     async def close(self) -> None:
         """On orderly shutdown: remove the specs written, unless told to keep them (a spec
-        another instance has rewritten since is theirs and stays)."""
-        if self.settings.keep_on_exit:
-            return
-        for resource, done in sorted(self._written.items()):
-            self.catalog.set(resource, None)
-            try:
-                await asyncio.to_thread(
-                    remove_owned_spec,
-                    self.directory,
-                    done.entry.file_name,
-                    instance=self.instance,
-                    stamp=done.stamp,
-                )
-            except OSError as exc:
-                log.warning("cdi.spec.remove_failed", resource=resource, reason=_reason(exc))
-        self._written.clear()
-
-
-# (spec bytes, what it defines, whether it was written now, the file's stamp), or the error.
-_Outcome = tuple[bytes, CdiResource | None, bool, FileStamp | None] | Exception | None
-
-
-def _carry_out(
-    directory: Path, plan: _Plan, previous: Mapping[str, tuple[bytes, FileStamp | None]]
-) -> dict[str, _Outcome]:
-    """Build, compare and write specs; remove files (worker thread). Never raises OSError:
-    each resource's failure is its outcome."""
-    outcomes: dict[str, _Outcome] = {}
-    for resource, (renderer, file_name, devices) in plan.write.items():
+        another daemon has taken over since is theirs and stays), then let go of the lock."""
         try:
-            rendered = renderer.render(devices)
-            if rendered is None:
-                remove_owned_spec(directory, file_name)
-                outcomes[resource] = (b"", None, False, None)
-                continue
-            entry = CdiResource(renderer.kind, file_name, rendered.names, devices)
-            old_data, old_stamp = previous.get(resource, (None, None))
-            if old_data == rendered.data and file_stamp(directory / file_name) == old_stamp:
-                outcomes[resource] = (rendered.data, entry, False, old_stamp)  # still there
-                continue
-            on_disk = file_stamp(directory / file_name)
-            stamp = write_spec_file(directory, file_name, rendered.data, ours=old_stamp)
-            # The same stamp: the file already held these bytes (a restart) and was kept.
-            outcomes[resource] = (rendered.data, entry, stamp != on_disk, stamp)
-        except (OSError, CdiSpecError) as exc:
-            outcomes[resource] = exc
-    for resource, (file_name, stamp_then, data) in plan.verify.items():
-        if file_stamp(directory / file_name) == stamp_then:
-            continue
-        try:
-            stamp = write_spec_file(directory, file_name, data)
-            outcomes[resource] = (data, None, True, stamp)
-        except OSError as exc:
-            outcomes[resource] = exc
-    for resource, (file_name, file_stamp_then) in plan.remove.items():
-        try:
-            remove_owned_spec(directory, file_name, stamp=file_stamp_then)
-            outcomes[resource] = None
-        except OSError as exc:
-            outcomes[resource] = exc
-    return outcomes
+            if not self.settings.keep_on_exit:
+                for resource, done in sorted(self._written.items()):
+                    self.catalog.set(resource, None)
+                    try:
+                        await self.store.remove(done.entry.file_name, expected=done.stamp)
+                    except OSError as exc:
+                        log.warning(
+                            "cdi.spec.remove_failed", resource=resource, reason=_reason(exc)
+                        )
+                self._written.clear()
+        finally:
+            with contextlib.suppress(OSError):
+                await self.store.close()
 
 
 def default_instance(scanners: Sequence[Scanner]) -> str:
@@ -461,5 +541,7 @@ def default_instance(scanners: Sequence[Scanner]) -> str:
 def _reason(exc: Exception) -> str:
     if not isinstance(exc, OSError):
         return str(exc)
+    if isinstance(exc, FileExistsError) and exc.strerror:
+        return f"EEXIST: {exc.strerror}"
     name = errno.errorcode.get(exc.errno or 0, "")
     return f"{name}: {exc.strerror or exc}" if name else str(exc)

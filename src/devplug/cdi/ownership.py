@@ -1,0 +1,292 @@
+"""Which spec files devplug wrote, and whether the devplug that wrote one still runs.
+
+Runtimes parse every ``*.json`` and ``*.yaml`` file in a CDI dir, and CDI libraries before 0.6
+refuse a whole spec that carries annotations. So devplug's bookkeeping lives where no runtime
+looks: the ``.devplug`` subdirectory of the CDI dir (the CDI library skips subdirectories
+and files of other extensions). It holds
+
+- one **record** per spec file devplug wrote (``<spec file name>.owner``, a small JSON
+  object): the resource, the instance (config) that wrote it, the running daemon that owns it,
+  and the SHA-256 and size of the last two contents written. A spec file counts as devplug's
+  only while its content is one its record names: a file someone else put there since is
+  theirs.
+- one **lock file** per running daemon (``<owner>.lock``), created already locked with
+  ``flock`` and held open for the daemon's life. "Is the owner alive" is a non-blocking
+  ``flock`` attempt: the kernel drops the lock when the process dies, however it dies, across
+  containers and PID namespaces.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import hashlib
+import json
+import os
+import re
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+import aiofiles.os
+
+from devplug.cdi.files import (
+    TEMP_PREFIX,
+    FileStamp,
+    create_exclusively,
+    ensure_dir,
+    fsync_dir,
+    read_bounded,
+    stamp_of,
+    write_atomically,
+)
+
+STATE_DIR = ".devplug"
+STATE_DIR_MODE = 0o700
+RECORD_SUFFIX = ".owner"
+RECORD_MODE = 0o600
+LOCK_SUFFIX = ".lock"
+MAX_RECORD_BYTES = 16 * 1024
+# Enough for the head of a spec written by devplug before 0.5 specs (kind, annotations).
+LEGACY_PREFIX_BYTES = 4096
+# Owners are uuid4 hex; anything else in a record is not a lock file name.
+_OWNER = re.compile(r"[0-9a-f]{32}\Z")
+# The ownership annotations devplug wrote into specs before it kept records (cdiVersion 0.6.0).
+LEGACY_OWNER_ANNOTATION = "devplug.io/managed-by"
+LEGACY_RESOURCE_ANNOTATION = "devplug.io/resource"
+LEGACY_INSTANCE_ANNOTATION = "devplug.io/instance"
+LEGACY_DEFAULT_INSTANCE = "default"
+
+_flock = aiofiles.os.wrap(fcntl.flock)
+_open = aiofiles.os.wrap(os.open)
+_close = aiofiles.os.wrap(os.close)
+_fstat = aiofiles.os.wrap(os.fstat)
+
+
+def content_id(data: bytes) -> tuple[str, int]:
+    return hashlib.sha256(data).hexdigest(), len(data)
+
+
+@dataclass(frozen=True, slots=True)
+class OwnerRecord:
+    resource: str
+    instance: str
+    owner: str  # the running daemon's lock name; "" for `devplug cdi generate` (no daemon)
+    contents: tuple[tuple[str, int], ...]  # (sha256, size) of the last contents, newest first
+
+    def to_bytes(self) -> bytes:
+        document = {
+            "resource": self.resource,
+            "instance": self.instance,
+            "owner": self.owner,
+            "contents": [list(c) for c in self.contents],
+        }
+        return json.dumps(document, separators=(",", ":")).encode() + b"\n"
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> OwnerRecord | None:
+        try:
+            document = json.loads(data)
+            resource, instance, owner = (document[k] for k in ("resource", "instance", "owner"))
+            contents = tuple((str(h), int(n)) for h, n in document["contents"])
+        except (ValueError, TypeError, KeyError, UnicodeDecodeError, RecursionError):
+            return None
+        if not all(isinstance(v, str) for v in (resource, instance, owner)):
+            return None
+        return cls(resource, instance, owner, contents)
+
+    def names(self, data_id: tuple[str, int]) -> bool:
+        return data_id in self.contents
+
+    def sizes(self) -> set[int]:
+        return {size for _, size in self.contents}
+
+
+def state_dir(cdi_dir: Path) -> Path:
+    return cdi_dir / STATE_DIR
+
+
+def record_name(spec_file: str) -> str:
+    return spec_file + RECORD_SUFFIX
+
+
+def record_path(cdi_dir: Path, spec_file: str) -> Path:
+    return state_dir(cdi_dir) / record_name(spec_file)
+
+
+async def read_record(cdi_dir: Path, spec_file: str) -> OwnerRecord | None:
+    data = await read_bounded(record_path(cdi_dir, spec_file), MAX_RECORD_BYTES)
+    if data is None or len(data) > MAX_RECORD_BYTES:
+        return None
+    return OwnerRecord.from_bytes(data)
+
+
+async def write_record(
+    cdi_dir: Path, spec_file: str, record: OwnerRecord, *, exclusive: bool = False
+) -> FileStamp | None:
+    """Store ``record``; with ``exclusive``, only if the spec has no record yet (False then).
+
+    Returns the record file's stamp (None when ``exclusive`` found one already there).
+    """
+    directory = state_dir(cdi_dir)
+    data = record.to_bytes()
+    for attempt in range(2):
+        try:
+            if exclusive:
+                return await create_exclusively(
+                    directory, record_name(spec_file), data, RECORD_MODE
+                )
+            return await write_atomically(directory, record_name(spec_file), data, RECORD_MODE)
+        except FileNotFoundError:
+            if attempt:
+                raise
+            await ensure_dir(directory, STATE_DIR_MODE)  # deleted since: once more
+    raise AssertionError("unreachable")
+
+
+async def remove_record(cdi_dir: Path, spec_file: str) -> None:
+    directory = state_dir(cdi_dir)
+    with contextlib.suppress(FileNotFoundError):
+        await aiofiles.os.unlink(directory / record_name(spec_file))
+    await fsync_dir(directory)
+
+
+async def recorded_specs(cdi_dir: Path) -> list[str]:
+    """The spec file names that have a record (whatever their state)."""
+    try:
+        names = await aiofiles.os.listdir(state_dir(cdi_dir))
+    except OSError:
+        return []
+    return sorted(
+        n[: -len(RECORD_SUFFIX)]
+        for n in names
+        if n.endswith(RECORD_SUFFIX) and not n.startswith(".")
+    )
+
+
+async def owner_alive(cdi_dir: Path, owner: str) -> bool:
+    """Whether the daemon ``owner`` still runs (holds its lock)."""
+    if not _OWNER.match(owner):
+        return False
+    path = state_dir(cdi_dir) / (owner + LOCK_SUFFIX)
+    try:
+        handle = await _open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return False
+    try:
+        await _flock(handle, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    except OSError:
+        return False
+    finally:
+        await _close(handle)  # closing drops the shared lock taken just now
+    return False
+
+
+class OwnerLock:
+    """This daemon's mark of life in the state dir: a lock file held for the process's life."""
+
+    def __init__(self, cdi_dir: Path) -> None:
+        self.cdi_dir = cdi_dir
+        self.owner = uuid.uuid4().hex
+        self._handle: int | None = None
+
+    @property
+    def path(self) -> Path:
+        return state_dir(self.cdi_dir) / (self.owner + LOCK_SUFFIX)
+
+    async def ensure(self) -> None:
+        """Hold the lock, with its file in place (created again if the state dir or the file
+        was deleted: others would take this daemon for dead). Raises OSError if it cannot."""
+        if self._handle is not None:
+            try:
+                on_disk = stamp_of(await aiofiles.os.stat(self.path, follow_symlinks=False))
+                held = stamp_of(await _fstat(self._handle))
+                if (on_disk.device, on_disk.inode) == (held.device, held.inode):
+                    return
+            except FileNotFoundError:
+                pass
+            await self._drop()
+        directory = state_dir(self.cdi_dir)
+        await ensure_dir(self.cdi_dir)
+        await ensure_dir(directory, STATE_DIR_MODE)
+        # Locked before it gets its name, so nobody ever sees the file unlocked while we live.
+        temp = directory / f"{TEMP_PREFIX}{self.owner}"
+        # Read-only: an fd open for writing would keep a read-only remount of the dir from working.
+        handle = await _open(temp, os.O_RDONLY | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+        try:
+            await _flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            await aiofiles.os.replace(temp, self.path)
+        except BaseException:
+            await _close(handle)
+            with contextlib.suppress(OSError):
+                await aiofiles.os.unlink(temp)
+            raise
+        self._handle = handle
+
+    async def release(self) -> None:
+        """Give the lock up (orderly shutdown): this daemon's records now read as dead."""
+        if self._handle is None:
+            return
+        with contextlib.suppress(FileNotFoundError):
+            await aiofiles.os.unlink(self.path)
+        await self._drop()
+
+    async def _drop(self) -> None:
+        handle, self._handle = self._handle, None
+        if handle is not None:
+            await _close(handle)
+
+
+async def remove_dead_locks(cdi_dir: Path) -> int:
+    """Delete lock files whose daemon is gone (killed, say); return how many."""
+    try:
+        names = await aiofiles.os.listdir(state_dir(cdi_dir))
+    except OSError:
+        return 0
+    removed = 0
+    for name in names:
+        owner = name[: -len(LOCK_SUFFIX)]
+        if not name.endswith(LOCK_SUFFIX) or not _OWNER.match(owner):
+            continue
+        if await owner_alive(cdi_dir, owner):
+            continue
+        try:
+            await aiofiles.os.unlink(state_dir(cdi_dir) / name)
+            removed += 1
+        except OSError as exc:
+            if exc.errno != errno.ENOENT:
+                raise
+    return removed
+
+
+@dataclass(frozen=True, slots=True)
+class LegacyOwner:
+    resource: str
+    instance: str
+
+
+async def legacy_owner(path: Path) -> LegacyOwner | None:
+    """The owner of a spec devplug wrote before it kept records (ownership annotations in a
+    0.6.0 spec), read from the file's first few KiB only; None for anything else."""
+    prefix = await read_bounded(path, LEGACY_PREFIX_BYTES)
+    if prefix is None:
+        return None
+    head, found, _ = prefix.partition(b',"devices":[')
+    if not found:
+        return None
+    try:
+        document = json.loads(head + b"}")
+    except (ValueError, UnicodeDecodeError, RecursionError):
+        return None
+    annotations = document.get("annotations") if isinstance(document, dict) else None
+    if not isinstance(annotations, dict) or annotations.get(LEGACY_OWNER_ANNOTATION) != "devplug":
+        return None
+    resource = annotations.get(LEGACY_RESOURCE_ANNOTATION, "")
+    instance = annotations.get(LEGACY_INSTANCE_ANNOTATION, LEGACY_DEFAULT_INSTANCE)
+    return LegacyOwner(
+        resource if isinstance(resource, str) else "",
+        instance if isinstance(instance, str) else "",
+    )
