@@ -23,8 +23,8 @@ from collections.abc import Callable
 
 import structlog
 
-from devplug.daemon.convert import list_message
-from devplug.daemon.list_limit import ListLimit
+from devplug.hotplug.list_limit import ListLimit
+from devplug.kubelet.wire import list_message
 from devplug.model import DeviceInfo, DeviceNode, DeviceTree
 from devplug.sizing import KUBELET_MAX_RECEIVE_BYTES
 

@@ -25,7 +25,7 @@ from devplug.cdi import files as cdi_files
 from devplug.cdi import store as cdi_store
 from devplug.cdi.files import FileStamp
 from devplug.config import Settings
-from devplug.daemon.runner import Daemon
+from devplug.daemon import Daemon
 from devplug.scanners.base import Scanner
 from devplug.testing import running_daemon
 from devplug.testing.harness import DaemonStarter

@@ -25,7 +25,7 @@ from pydantic import BaseModel
 
 from devplug.cli import build_parser
 from devplug.config import CdiSettings, HotplugSettings, Settings
-from devplug.daemon.metrics import Metrics
+from devplug.ops.metrics import Metrics
 from devplug.scanners.generic import GenericEntry, GenericMatch
 from devplug.scanners.intel_gpu.settings import IntelGpuSettings
 from devplug.scanners.registry import BUILTIN_SCANNERS

@@ -14,7 +14,7 @@ import grpc
 
 from devplug._proto import deviceplugin_v1beta1_pb2 as pb
 from devplug._proto import deviceplugin_v1beta1_pb2_grpc as pb_grpc
-from devplug.daemon.status import resource_of_socket
+from devplug.cli.status import resource_of_socket
 from devplug.model import DeviceInfo, DeviceNode, Health
 from devplug.testing import KubeletSimulator, daemon_settings, running_daemon
 from devplug.testing.harness import StaticScanner

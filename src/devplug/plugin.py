@@ -60,7 +60,7 @@ def run_daemon(
     """Serve ``scanners`` with ``settings`` (logging already configured); see :func:`serve`."""
     # grpc's C core logs to stderr on its own; keep its informational lines out of our JSON.
     os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
-    from devplug.daemon.runner import Daemon, run_until_signalled
+    from devplug.daemon import Daemon, run_until_signalled
 
     async def main() -> None:
         daemon = Daemon(settings, scanners, freeze_gc=True, config_loader=reload_config)

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from devplug.config import HotplugSettings
-from devplug.daemon.runner import Daemon
+from devplug.daemon import Daemon
 from devplug.model import DeviceNode, Mount
 from devplug.scanners.intel_gpu import IntelGpuScanner
 from devplug.testing import KubeletSimulator, daemon_settings

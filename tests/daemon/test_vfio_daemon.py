@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from devplug.config import HotplugSettings
-from devplug.daemon.runner import Daemon
+from devplug.daemon import Daemon
 from devplug.model import DeviceNode, Health
 from devplug.scanners.vfio import VfioScanner
 from devplug.testing import KubeletSimulator, daemon_settings

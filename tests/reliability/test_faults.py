@@ -32,11 +32,11 @@ from devplug._proto import deviceplugin_v1beta1_pb2 as pb
 from devplug._proto import deviceplugin_v1beta1_pb2_grpc as pb_grpc
 from devplug.cdi.files import TEMP_PREFIX
 from devplug.cdi.ownership import STATE_DIR
+from devplug.cdi.sync import TEMP_FILE_MIN_AGE_S
 from devplug.config import HotplugSettings
-from devplug.daemon.cdi_sync import TEMP_FILE_MIN_AGE_S
-from devplug.daemon.kubelet import CHECKPOINT_FILE, KUBELET_SOCKET
-from devplug.daemon.runner import Daemon
-from devplug.daemon.server import TEMP_SOCKET_PREFIX, socket_path_for
+from devplug.daemon import Daemon
+from devplug.kubelet.registration import CHECKPOINT_FILE, KUBELET_SOCKET
+from devplug.kubelet.server import TEMP_SOCKET_PREFIX, socket_path_for
 from devplug.model import DeviceInfo, DeviceNode, DeviceTree
 from devplug.scanners.base import Scanner
 from devplug.scanners.generic import GenericScanner

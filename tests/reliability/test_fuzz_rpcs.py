@@ -39,7 +39,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from devplug._proto import deviceplugin_v1beta1_pb2 as pb
-from devplug.daemon.runner import Daemon
+from devplug.daemon import Daemon
 from devplug.errors import AllocationError
 from devplug.model import ContainerAllocation, DeviceInfo, DeviceNode, DeviceTree, Health
 from devplug.scanners.base import Scanner

@@ -22,7 +22,7 @@ import pytest
 
 from devplug._proto import deviceplugin_v1beta1_pb2 as pb
 from devplug._proto import deviceplugin_v1beta1_pb2_grpc as pb_grpc
-from devplug.daemon.kubelet import API_VERSION, CHECKPOINT_FILE, KUBELET_SOCKET
+from devplug.kubelet.registration import API_VERSION, CHECKPOINT_FILE, KUBELET_SOCKET
 from devplug.naming import resource_name_problem
 from devplug.testing.simulator import KubeletSimulator, ListedDevice
 

@@ -17,9 +17,9 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequenc
 from pathlib import Path
 
 from devplug.config import CdiSettings, HotplugSettings, Settings
-from devplug.daemon.events import MonitorOpener
-from devplug.daemon.runner import Daemon
-from devplug.daemon.server import ServerTiming
+from devplug.daemon import Daemon
+from devplug.hotplug.listener import MonitorOpener
+from devplug.kubelet.server import ServerTiming
 from devplug.model import DeviceInfo, DeviceTree
 from devplug.scanners.base import Scanner
 from devplug.scanners.udev import UdevMonitor, UdevSource

@@ -32,8 +32,8 @@ import grpc
 
 from devplug._proto import deviceplugin_v1beta1_pb2 as pb
 from devplug._proto import deviceplugin_v1beta1_pb2_grpc as pb_grpc
-from devplug.daemon.convert import container_allocation
-from devplug.daemon.kubelet import API_VERSION, CHECKPOINT_FILE, KUBELET_SOCKET
+from devplug.kubelet.registration import API_VERSION, CHECKPOINT_FILE, KUBELET_SOCKET
+from devplug.kubelet.wire import container_allocation
 from devplug.model import ContainerAllocation
 from devplug.naming import resource_name_problem
 

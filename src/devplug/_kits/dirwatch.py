@@ -1,0 +1,106 @@
+"""Watching one directory with inotify: a counter that bumps when a file of interest changes.
+
+Used for the kubelet's device plugin dir (sockets: the kubelet restarted) and for the CDI dir
+(specs deleted or replaced behind devplug's back). Followers wait on :attr:`DirWatcher.changes`
+and look for themselves what changed; the watcher only says "look now". The dir itself being
+removed or replaced counts as a change; while a watch cannot be set (inotify limits) it bumps
+every ``DIR_POLL_S``, so followers fall back to checking on a timer; while the dir is missing
+it looks for it every ``DIR_POLL_S``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from pathlib import Path
+
+import structlog
+from asyncinotify import Inotify, Mask
+
+from devplug._kits.values import LatestValue
+
+log = structlog.get_logger("devplug.dirwatch")
+
+# While the dir is missing or cannot be watched, look again this often.
+DIR_POLL_S = 1.0
+
+_WATCH_MASK = (
+    Mask.CREATE
+    | Mask.DELETE
+    | Mask.MOVED_FROM
+    | Mask.MOVED_TO
+    | Mask.CLOSE_WRITE
+    | Mask.DELETE_SELF
+    | Mask.MOVE_SELF
+    | Mask.ONLYDIR
+)
+_GONE = Mask.DELETE_SELF | Mask.MOVE_SELF | Mask.IGNORED | Mask.UNMOUNT
+_PARENT_MASK = Mask.CREATE | Mask.DELETE | Mask.MOVED_FROM | Mask.MOVED_TO | Mask.ONLYDIR
+
+
+class DirWatcher:
+    """Watches ``directory``; ``changes`` bumps on every event about a name ``relevant``
+    accepts. ``topic`` prefixes the log events (``<topic>.dir.missing``, ...)."""
+
+    def __init__(self, directory: Path, relevant: Callable[[str], bool], topic: str) -> None:
+        self.directory = directory
+        self.relevant = relevant
+        self.topic = topic
+        self.changes: LatestValue[int] = LatestValue(0)
+
+    def _bump(self) -> None:
+        self.changes.set(self.changes.value + 1)
+
+    async def run(self) -> None:
+        missing_logged = False
+        failure_logged: str | None = None
+        while True:
+            if not self.directory.is_dir():
+                if not missing_logged:
+                    log.warning(f"{self.topic}.dir.missing", dir=str(self.directory))
+                    missing_logged = True
+                await asyncio.sleep(DIR_POLL_S)
+                continue
+            if missing_logged:
+                log.info(f"{self.topic}.dir.found", dir=str(self.directory))
+                missing_logged = False
+            try:
+                await self._watch()
+                failure_logged = None
+            except OSError as exc:
+                # inotify limits (ENOSPC, EMFILE) must not stop the daemon: poll instead, and
+                # say so once rather than on every retry.
+                if exc.strerror != failure_logged:
+                    log.error(
+                        f"{self.topic}.watch.failed",
+                        dir=str(self.directory),
+                        error=exc.strerror,
+                        fallback=f"stat checks every {DIR_POLL_S}s until a watch can be set",
+                    )
+                    failure_logged = exc.strerror
+                await asyncio.sleep(DIR_POLL_S)
+                self._bump()
+
+    async def _watch(self) -> None:
+        """Watch the dir, and its parent for the dir itself being removed or replaced.
+
+        The parent watch matters: a removed dir's own DELETE_SELF arrives only once nothing
+        references it any more, and a listening unix socket bound in it keeps it referenced.
+        """
+        with Inotify() as inotify:
+            inotify.add_watch(self.directory, _WATCH_MASK)
+            parent = inotify.add_watch(self.directory.parent, _PARENT_MASK)
+            # Anything may have happened before the watch existed: let followers re-check.
+            self._bump()
+            async for event in inotify:
+                about_dir = event.watch is parent and str(event.name) == self.directory.name
+                if about_dir or (event.watch is not parent and event.mask & _GONE):
+                    log.warning(f"{self.topic}.dir.gone", dir=str(self.directory))
+                    self._bump()
+                    return
+                if event.mask & Mask.Q_OVERFLOW or (
+                    event.watch is not parent
+                    and event.name is not None
+                    and self.relevant(str(event.name))
+                ):
+                    self._bump()

@@ -1,0 +1,93 @@
+"""What the spec files on disk define, as Allocate needs to know it (read on the event loop).
+
+The CDI sync task (:mod:`devplug.cdi.sync`) records each spec it writes; Allocate names only
+devices the spec on disk defines as they are now (:mod:`devplug.cdi.allocate`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import structlog
+
+from devplug.cdi.files import FileStamp, file_stamp
+from devplug.model import DeviceInfo
+
+log = structlog.get_logger("devplug.cdi")
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class CdiResource:
+    """What the spec file of one resource on disk defines."""
+
+    kind: str
+    file_name: str
+    names: frozenset[str]
+    # The devices the file was made from: a device whose nodes, mounts or CDI edits changed since
+    # is not named in Allocate until its spec is rewritten (the runtime would inject the old).
+    devices: Mapping[str, DeviceInfo]
+    # The file as written (None: not checked), so Allocate can confirm it is still there.
+    path: Path | None = None
+    stamp: FileStamp | None = None
+
+    def narrowed_to(self, devices: Mapping[str, DeviceInfo]) -> CdiResource:
+        """This entry, naming only the devices whose DeviceInfo is the very one in
+        ``devices`` too: what a file being replaced defines before and after alike."""
+        same = frozenset(name for name in self.names if devices.get(name) is self.devices.get(name))
+        return replace(self, names=same)
+
+    def defines(self, device_id: str, now: DeviceInfo) -> bool:
+        """Whether the spec on disk gives ``device_id`` what ``now`` says it should get."""
+        if device_id not in self.names:
+            return False
+        then = self.devices.get(device_id)
+        return then is now or (
+            then is not None
+            and then.nodes == now.nodes
+            and then.mounts == now.mounts
+            and then.cdi_edits == now.cdi_edits
+        )
+
+
+class CdiCatalog:
+    """resource -> what its spec on disk defines; read by Allocate on the event loop."""
+
+    def __init__(self) -> None:
+        self._resources: dict[str, CdiResource] = {}
+        # Bumped on every change, so cached Allocate answers know when they are stale.
+        self.generation = 0
+        # Called when Allocate finds a spec gone or replaced behind devplug's back.
+        self.on_stale: Callable[[str], None] | None = None
+
+    def resources(self) -> list[str]:
+        """The resources whose spec is on disk (for status and tests)."""
+        return sorted(self._resources)
+
+    def confirm(self, resource: str) -> None:
+        """Drop ``resource``'s entry if its file is no longer the one written (deleted, or
+        replaced by someone else), so that no name the runtime cannot resolve is sent.
+
+        One lstat per Allocate, on the event loop: the CDI dir is a tmpfs (/var/run/cdi) or a
+        local dir, and a stale name would fail the container.
+        """
+        entry = self._resources.get(resource)
+        if entry is None or entry.path is None or file_stamp(entry.path) == entry.stamp:
+            return
+        log.warning("cdi.spec.vanished", resource=resource, file=str(entry.path))
+        self.set(resource, None)
+        if self.on_stale is not None:
+            self.on_stale(resource)
+
+    def get(self, resource: str) -> CdiResource | None:
+        return self._resources.get(resource)
+
+    def set(self, resource: str, value: CdiResource | None) -> None:
+        if self._resources.get(resource) is value:
+            return
+        if value is None:
+            self._resources.pop(resource, None)
+        else:
+            self._resources[resource] = value
+        self.generation += 1

@@ -1,0 +1,472 @@
+"""Keeping the CDI spec files in line with the advertised devices, off the RPC path.
+
+After each scan the daemon hands the new tree to :class:`CdiSync`, whose task rebuilds the
+specs of the resources that changed (in a worker thread: a spec of 10,000 devices takes tens
+of milliseconds to build) and writes those whose bytes changed (through aiofiles). Specs are
+written when devices are discovered, not inside Allocate; a resource that goes away takes its
+spec with it, and so does an orderly shutdown unless ``keep_on_exit``. At start-up, specs this
+instance wrote in an earlier run for resources it no longer has are deleted.
+
+The CDI dir is shared (:mod:`devplug.cdi.store` has the rules): files of other writers are
+never touched, and a spec another running devplug serves is left to it until it stops. One
+inotify watch on the dir notices a spec deleted or replaced behind this daemon's back, or
+released by another daemon, within milliseconds.
+
+A write that fails (full disk, read-only or unwritable dir) is logged with its reason and
+retried with back-off; meanwhile the daemon keeps serving, and Allocate names only devices of
+the spec that is on disk (:class:`CdiCatalog`), giving device specs for the rest.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import errno
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+
+import structlog
+
+from devplug._kits.dirwatch import DirWatcher
+from devplug._kits.values import LatestValue
+from devplug.cdi.build import SpecRenderer
+from devplug.cdi.catalog import CdiCatalog, CdiResource
+from devplug.cdi.files import FileStamp, remove_temp_files, stamp
+from devplug.cdi.names import default_kind, spec_file_name
+from devplug.cdi.ownership import STATE_DIR, OwnerLock, state_dir
+from devplug.cdi.store import DEFAULT_INSTANCE, SpecHeldError, SpecStore
+from devplug.config import CdiSettings
+from devplug.errors import CdiSpecError
+from devplug.model import DeviceInfo, DeviceTree
+from devplug.scanners.base import Scanner
+
+log = structlog.get_logger("devplug.cdi")
+
+RETRY_INITIAL_S = 1.0
+# Temp files younger than this may be another instance's write in progress.
+TEMP_FILE_MIN_AGE_S = 60.0
+# How long after a change the specs are rebuilt (changes within it are written once).
+SETTLE_S = 0.02
+RETRY_MAX_S = 60.0
+
+
+@dataclass(slots=True)
+class _Written:
+    devices: Mapping[str, DeviceInfo] | None  # the device map last turned into this file
+    data: bytes
+    entry: CdiResource
+    stamp: FileStamp | None  # the file as written, to recognise it without reading it
+
+
+@dataclass(frozen=True, slots=True)
+class _Write:
+    renderer: SpecRenderer
+    file_name: str
+    devices: Mapping[str, DeviceInfo]  # the resource's devices now
+
+
+@dataclass(frozen=True, slots=True)
+class _Removal:
+    file_name: str
+    stamp: FileStamp | None  # the file as this daemon wrote it
+
+
+@dataclass(frozen=True, slots=True)
+class _Check:
+    """A spec written before and unchanged since: still there as written, or written again."""
+
+    file_name: str
+    stamp: FileStamp | None
+    data: bytes
+
+
+@dataclass(slots=True)
+class _Plan:
+    """One pass: specs to write, check or remove, decided on the loop (resource -> job)."""
+
+    write: dict[str, _Write] = field(default_factory=dict)
+    remove: dict[str, _Removal] = field(default_factory=dict)
+    forget: set[str] = field(default_factory=set)  # resources whose file another one took
+    verify: dict[str, _Check] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class _Done:
+    data: bytes  # the spec's bytes (empty: the resource has no spec)
+    entry: CdiResource | None  # what it defines (None: unchanged, for a check)
+    wrote: bool  # whether the file was written now
+    stamp: FileStamp | None
+
+
+# A job's outcome: done, removed (None), or why it failed.
+_Outcome = _Done | Exception | None
+
+
+def _relevant(name: str) -> bool:
+    """Names in the CDI dir whose changes may concern our specs."""
+    return (name.endswith(".json") and not name.startswith(".")) or name == STATE_DIR
+
+
+class CdiSync:
+    def __init__(
+        self, settings: CdiSettings, catalog: CdiCatalog, instance: str = DEFAULT_INSTANCE
+    ) -> None:
+        self.settings = settings
+        self.catalog = catalog
+        self.directory = settings.dir
+        # Clean-ups touch only this instance's specs; the lock tells other daemons this one
+        # is alive, so they leave its specs alone.
+        self.instance = instance
+        self.store = SpecStore(self.directory, instance, OwnerLock(self.directory))
+        self.watcher = DirWatcher(self.directory, _relevant, "cdi")
+        self._tree: LatestValue[DeviceTree | None] = LatestValue(None)
+        self._written: dict[str, _Written] = {}
+        self._failing: dict[str, str] = {}  # resource -> the reason of its last failure
+        self._kind_problems: set[str] = set()
+        self._clashes: set[tuple[str, str]] = set()
+        self._renderers: dict[str, SpecRenderer] = {}
+        catalog.on_stale = self._stale
+        self.writes = 0  # counters for tests and metrics
+        self.failures = 0
+
+    def submit(self, tree: DeviceTree) -> None:
+        """The devices now advertised; the task writes what changed."""
+        self._tree.set(tree)
+
+    def _stale(self, resource: str | None = None) -> None:
+        """Something in the dir changed: a pass now checks every spec and writes again the
+        missing ones (and takes over those another daemon released)."""
+        if self._tree.value is not None:
+            self._tree.set(self._tree.value)
+
+    def kind_of(self, resource: str) -> str | None:
+        kind = self.settings.kinds.get(resource)
+        if kind is not None:
+            return kind
+        try:
+            return default_kind(resource)
+        except CdiSpecError as exc:
+            if resource not in self._kind_problems:
+                self._kind_problems.add(resource)
+                log.error(
+                    "cdi.kind.invalid",
+                    resource=resource,
+                    reason=str(exc),
+                    fix=f"set cdi.kinds.{resource} to a valid kind",
+                )
+            return None
+
+    async def run(self) -> None:
+        """Follow the tree and the CDI dir until cancelled."""
+        with contextlib.suppress(OSError):  # failures are logged by the passes that follow
+            await self.store.prepare()  # the dir exists before it is watched
+        async with asyncio.TaskGroup() as group:
+            group.create_task(self.watcher.run(), name="cdi-dir-watch")
+            group.create_task(self._follow_dir(), name="cdi-dir-follow")
+            await self._passes()
+
+    async def _follow_dir(self) -> None:
+        version = self.watcher.changes.version
+        while True:
+            version = await self.watcher.changes.wait_changed(version)
+            self._stale()
+
+    async def _passes(self) -> None:
+        """Reconcile at start, then follow the tree; retry failures with back-off."""
+        delay = RETRY_INITIAL_S
+        async for tree in self._tree.as_changed():
+            if tree is not None:
+                break
+        reconciled = False
+        while True:
+            # Let the scan that submitted this tree finish reaching the kubelet first: the
+            # spec is built in a thread that would compete with it for the interpreter.
+            await asyncio.sleep(SETTLE_S)
+            version = self._tree.version
+            tree = self._tree.value
+            trouble = False
+            try:
+                if not reconciled:
+                    reconciled = await self._reconcile_start()
+                if tree is not None:
+                    await self._sync(tree)
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                # Whatever the CDI dir holds must not stop the daemon: log, retry later.
+                log.exception("cdi.sync.failed", dir=str(self.directory), retry="with back-off")
+                trouble = True
+            timeout: float | None = None
+            if self._failing or trouble or not reconciled:
+                timeout, delay = delay, min(delay * 2, RETRY_MAX_S)
+            else:
+                delay = RETRY_INITIAL_S
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(timeout):
+                    await self._tree.wait_changed(version)
+
+    async def _reconcile_start(self) -> bool:
+        """Delete this instance's specs of earlier runs for resources not advertised now, old
+        temp files and the locks of daemons gone; True when done (False: the dir could not be
+        read, try again)."""
+        tree = self._tree.value or DeviceTree()
+        wanted = {spec_file_name(k) for r in tree if (k := self.kind_of(r)) is not None}
+        try:
+            await self.store.prepare()
+            stale_temps = await remove_temp_files(self.directory, TEMP_FILE_MIN_AGE_S)
+            stale_temps += await remove_temp_files(state_dir(self.directory), TEMP_FILE_MIN_AGE_S)
+            await self.store.remove_dead_locks()
+            candidates = await self.store.stale_candidates()
+        except OSError as exc:
+            log.warning("cdi.reconcile.failed", dir=str(self.directory), reason=_reason(exc))
+            return False
+        for name in candidates:
+            if name in wanted:
+                continue
+            try:
+                resource = await self.store.remove_stale(name)
+            except OSError as exc:
+                log.warning("cdi.spec.remove_failed", file=name, reason=_reason(exc))
+                continue
+            if resource is not None:
+                log.info("cdi.spec.removed", file=name, resource=resource, reason="stale")
+        if stale_temps:
+            log.info("cdi.temp_files.removed", count=stale_temps)
+        return True
+
+    def _plan(self, tree: DeviceTree) -> _Plan:
+        plan = _Plan()
+        claimed: dict[str, str] = {}  # spec file name -> the resource it belongs to
+        for resource in sorted(tree):
+            devices = tree[resource]
+            kind = self.kind_of(resource)
+            if kind is None:
+                continue
+            file_name = spec_file_name(kind)
+            owner = claimed.setdefault(file_name, resource)
+            if owner != resource:
+                # Two kinds, one file (a/b-c and a-b/c), or a configured kind equal to another
+                # resource's: the first resource (by name) keeps the file, the other gets none.
+                if (resource, file_name) not in self._clashes:
+                    self._clashes.add((resource, file_name))
+                    log.error(
+                        "cdi.spec.file_clash",
+                        resource=resource,
+                        file=file_name,
+                        taken_by=owner,
+                        fix=f"set cdi.kinds for {resource} to a kind of its own",
+                    )
+                continue
+            done = self._written.get(resource)
+            if done is not None and done.devices is devices and resource not in self._failing:
+                # The same device map as last time: nothing to rebuild, only to check.
+                plan.verify[resource] = _Check(done.entry.file_name, done.stamp, done.data)
+                continue
+            renderer = self._renderers.get(resource)
+            if renderer is None or renderer.kind != kind:
+                renderer = self._renderers[resource] = SpecRenderer(kind)
+            plan.write[resource] = _Write(renderer, file_name, devices)
+        for resource, done in self._written.items():
+            if resource not in tree:
+                plan.remove[resource] = _Removal(done.entry.file_name, done.stamp)
+            elif claimed.get(done.entry.file_name) != resource:
+                # Its file now belongs to another resource: forget it without deleting it.
+                plan.forget.add(resource)
+        for resource in list(self._failing):
+            if resource not in tree and resource not in self._written:
+                del self._failing[resource]  # gone before its spec was ever written
+        for resource in list(self._renderers):
+            if resource not in tree:
+                del self._renderers[resource]
+        return plan
+
+    async def _sync(self, tree: DeviceTree) -> None:
+        plan = self._plan(tree)
+        for resource in plan.forget:
+            self._written.pop(resource, None)
+            self.catalog.set(resource, None)
+        if not plan.write and not plan.remove and not plan.verify:
+            return
+        previous = {
+            r: (self._written[r].data, self._written[r].stamp)
+            for r in plan.write
+            if r in self._written
+        }
+        # While files are replaced, Allocate may only name devices that the old file and the
+        # new one define alike: those whose DeviceInfo did not change.
+        before = {r: self.catalog.get(r) for r in (*plan.write, *plan.remove)}
+        for resource in plan.remove:
+            self.catalog.set(resource, None)
+        for resource, job in plan.write.items():
+            old = before[resource]
+            if old is not None:
+                self.catalog.set(resource, old.narrowed_to(job.devices))
+        work = asyncio.ensure_future(self._carry_out(plan, previous))
+        try:
+            outcomes = await asyncio.shield(work)
+        except asyncio.CancelledError:
+            # Stopping: a rename may be under way in a worker thread, so wait for the work and
+            # record what it wrote, or close() would not know to remove a spec written in
+            # these last milliseconds.
+            self._record(plan, await work, before)
+            raise
+        self._record(plan, outcomes, before)
+
+    async def _carry_out(
+        self, plan: _Plan, previous: Mapping[str, tuple[bytes, FileStamp | None]]
+    ) -> dict[str, _Outcome]:
+        """Build, compare and write specs; remove files. Never raises OSError: each
+        resource's failure is its outcome."""
+        outcomes: dict[str, _Outcome] = {}
+        try:
+            await self.store.prepare()
+        except OSError as exc:
+            return {r: exc for r in (*plan.write, *plan.verify, *plan.remove)}
+        for resource, job in plan.write.items():
+            try:
+                outcomes[resource] = await self._write(resource, job, previous.get(resource))
+            except (OSError, CdiSpecError) as exc:
+                outcomes[resource] = exc
+        for resource, check in plan.verify.items():
+            if await stamp(self.directory / check.file_name) == check.stamp:
+                continue
+            try:
+                written = await self.store.write(check.file_name, resource, check.data)
+                outcomes[resource] = _Done(check.data, None, written.changed, written.stamp)
+            except OSError as exc:
+                outcomes[resource] = exc
+        for resource, removal in plan.remove.items():
+            try:
+                await self.store.remove(removal.file_name, expected=removal.stamp)
+                outcomes[resource] = None
+            except OSError as exc:
+                outcomes[resource] = exc
+        return outcomes
+
+    async def _write(
+        self, resource: str, job: _Write, previous: tuple[bytes, FileStamp | None] | None
+    ) -> _Done:
+        # Rendering is CPU work (validating thousands of devices on a first render): a thread.
+        rendered = await asyncio.to_thread(job.renderer.render, job.devices)
+        if rendered is None:
+            await self.store.remove(job.file_name)
+            return _Done(b"", None, False, None)
+        entry = CdiResource(job.renderer.kind, job.file_name, rendered.names, job.devices)
+        old_data, old_stamp = previous or (None, None)
+        if (
+            old_data == rendered.data
+            and old_stamp is not None
+            and await stamp(self.directory / job.file_name) == old_stamp
+        ):
+            return _Done(rendered.data, entry, False, old_stamp)  # still there as written
+        written = await self.store.write(job.file_name, resource, rendered.data)
+        return _Done(rendered.data, entry, written.changed, written.stamp)
+
+    def _record(
+        self,
+        plan: _Plan,
+        outcomes: Mapping[str, _Outcome],
+        before: Mapping[str, CdiResource | None],
+    ) -> None:
+        for resource, outcome in outcomes.items():
+            if isinstance(outcome, Exception):
+                self._record_failure(resource, outcome, before)
+                continue
+            if resource in plan.remove:
+                self._written.pop(resource, None)
+                self.catalog.set(resource, None)
+                log.info("cdi.spec.removed", resource=resource, reason="resource gone")
+                self._failing.pop(resource, None)
+                continue
+            if outcome is None:
+                continue  # unreachable: None is only a removal's outcome
+            if resource in plan.verify:
+                done = self._written[resource]
+                if outcome.wrote:  # it had gone or been replaced: rewritten
+                    self.writes += 1
+                    log.warning("cdi.spec.rewritten", resource=resource, reason="changed on disk")
+                done.stamp = outcome.stamp
+                done.entry = replace(done.entry, stamp=outcome.stamp)
+                self.catalog.set(resource, done.entry)  # back, if Allocate had dropped it
+                continue
+            job = plan.write[resource]
+            if outcome.entry is None:
+                self._written.pop(resource, None)
+                self.catalog.set(resource, None)
+            else:
+                entry = replace(
+                    outcome.entry, path=self.directory / job.file_name, stamp=outcome.stamp
+                )
+                self._written[resource] = _Written(job.devices, outcome.data, entry, outcome.stamp)
+                self.catalog.set(resource, entry)
+            if outcome.wrote:
+                self.writes += 1
+                log.info("cdi.spec.written", resource=resource, file=job.file_name)
+            if resource in self._failing:
+                log.info("cdi.spec.recovered", resource=resource)
+                del self._failing[resource]
+
+    def _record_failure(
+        self, resource: str, error: Exception, before: Mapping[str, CdiResource | None]
+    ) -> None:
+        self.failures += 1
+        reason = _reason(error)
+        if isinstance(error, SpecHeldError):
+            # Another running daemon serves this spec (a second `devplug run` on the same
+            # dirs, say): leave it to that one; the dir watch says when it lets go.
+            self._written.pop(resource, None)
+            self.catalog.set(resource, None)
+            if self._failing.get(resource) != reason:
+                log.warning(
+                    "cdi.spec.held_elsewhere",
+                    resource=resource,
+                    dir=str(self.directory),
+                    held_by=error.instance,
+                    reason=reason,
+                    retry="when that daemon lets go; Allocate gives device specs meanwhile",
+                )
+            self._failing[resource] = reason
+            return
+        if self._failing.get(resource) != reason:
+            log.warning(
+                "cdi.spec.write_failed",
+                resource=resource,
+                dir=str(self.directory),
+                reason=reason,
+                retry="with back-off; Allocate gives device specs meanwhile",
+            )
+        self._failing[resource] = reason
+        if resource in before:
+            self.catalog.set(resource, before[resource])  # the old file is still there
+
+    async def close(self) -> None:
+        """On orderly shutdown: remove the specs written, unless told to keep them (a spec
+        another daemon has taken over since is theirs and stays), then let go of the lock."""
+        try:
+            if not self.settings.keep_on_exit:
+                for resource, done in sorted(self._written.items()):
+                    self.catalog.set(resource, None)
+                    try:
+                        await self.store.remove(done.entry.file_name, expected=done.stamp)
+                    except OSError as exc:
+                        log.warning(
+                            "cdi.spec.remove_failed", resource=resource, reason=_reason(exc)
+                        )
+                self._written.clear()
+        finally:
+            with contextlib.suppress(OSError):
+                await self.store.close()
+
+
+def default_instance(scanners: Sequence[Scanner]) -> str:
+    """The instance name of a daemon running ``scanners``: their names, sorted."""
+    return ",".join(sorted({scanner.name for scanner in scanners})) or DEFAULT_INSTANCE
+
+
+def _reason(exc: Exception) -> str:
+    if not isinstance(exc, OSError):
+        return str(exc)
+    if isinstance(exc, FileExistsError) and exc.strerror:
+        return f"EEXIST: {exc.strerror}"
+    name = errno.errorcode.get(exc.errno or 0, "")
+    return f"{name}: {exc.strerror or exc}" if name else str(exc)

@@ -1,1 +1,0 @@
-"""The running daemon: scanning, diffing, serving and staying registered with the kubelet."""

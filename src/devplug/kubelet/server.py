@@ -1,0 +1,353 @@
+"""One resource's gRPC server: serve on its socket, register, stay registered.
+
+The lifecycle is a loop over observed state rather than a chain of callbacks: on every wake-up
+(a change in the kubelet dir, a back-off deadline, or the stat backstop) the server checks
+whether its own socket is still the one it bound and whether ``kubelet.sock`` is still the one
+it registered with, and does what is missing: listen, then register.
+
+Two grpc habits shape how a socket is claimed. grpc deletes a unix socket path when a server
+binds it (even over another process's live socket) and again when that server stops (even if
+someone else owns the path by then). So the server binds a unique temporary name in the same
+dir and hard-links it to the real name, which fails instead of overwriting when the name is
+taken; grpc's deletions then only ever hit the temporary name, and the real name is removed by
+us, and only while it is still our inode.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import random
+import secrets
+import stat
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+import structlog
+
+from devplug._kits.values import LatestValue
+from devplug._proto import deviceplugin_v1beta1_pb2_grpc as pb_grpc
+from devplug.errors import ConfigError
+from devplug.kubelet.registration import (
+    KUBELET_SOCKET,
+    FileIdentity,
+    KubeletDirWatcher,
+    RegistrationError,
+    register,
+)
+from devplug.kubelet.seams import AnswerExtension, NoServingEvents, ServingEvents
+from devplug.kubelet.servicer import DevicePluginServicer
+from devplug.model import DeviceInfo
+from devplug.naming import MAX_UNIX_SOCKET_PATH, short_socket_file_name, socket_file_name
+
+log = structlog.get_logger("devplug.server")
+
+SOCKET_MODE = 0o600
+# The temporary name a listener is bound to before it is linked into place.
+TEMP_SOCKET_PREFIX = ".devplug-tmp-"
+TEMP_SOCKET_NAME_LENGTH = len(TEMP_SOCKET_PREFIX) + 12 + len(".sock")
+
+
+@dataclass(frozen=True, slots=True)
+class ServerTiming:
+    """Timeouts and back-off; tests shorten them, the defaults suit a real node."""
+
+    register_timeout_s: float = 10.0
+    backoff_initial_s: float = 0.05
+    backoff_max_s: float = 10.0
+    # inotify wakes servers on kubelet restarts; this only backs it up, so it is rare.
+    stat_backstop_s: float = 60.0
+    drain_timeout_s: float = 1.0
+    in_use_probe_s: float = 1.0
+
+
+DEFAULT_TIMING = ServerTiming()
+
+
+def socket_path_for(kubelet_dir: Path, resource: str) -> Path:
+    """The socket path for ``resource``: readable if it fits a unix socket, else hashed."""
+    for name in (socket_file_name(resource), short_socket_file_name(resource)):
+        path = kubelet_dir / name
+        longest = max(len(os.fsencode(name)), TEMP_SOCKET_NAME_LENGTH)
+        if len(os.fsencode(kubelet_dir)) + 1 + longest <= MAX_UNIX_SOCKET_PATH:
+            return path
+    raise ConfigError(
+        "kubelet_dir",
+        f"{kubelet_dir} is too long for unix sockets: a socket path must be at most "
+        f"{MAX_UNIX_SOCKET_PATH} bytes; use a shorter directory",
+    )
+
+
+class Backoff:
+    """Exponential back-off with jitter, so many servers do not retry in lock-step."""
+
+    def __init__(self, initial: float, maximum: float) -> None:
+        self.initial = initial
+        self.maximum = maximum
+        self._next = initial
+
+    def reset(self) -> None:
+        self._next = self.initial
+
+    def next(self) -> float:
+        delay = self._next
+        self._next = min(self._next * 2, self.maximum)
+        return delay * random.uniform(0.8, 1.2)
+
+
+class SocketInUseError(Exception):
+    """Our socket path is taken by a live socket of another process, or by a non-socket file."""
+
+
+class _Once:
+    """Logs a recurring problem at ``level`` when it first appears or changes, else at debug."""
+
+    def __init__(self) -> None:
+        self._last: str | None = None
+
+    def log(
+        self, logger: structlog.typing.FilteringBoundLogger, event: str, problem: str, **kw: object
+    ) -> None:
+        if problem != self._last:
+            logger.error(event, error=problem, **kw)
+            self._last = problem
+        else:
+            logger.debug(event, error=problem, **kw)
+
+    def clear(self) -> None:
+        self._last = None
+
+
+class ResourceServer:
+    """Serves one resource and keeps it registered until cancelled."""
+
+    def __init__(
+        self,
+        resource: str,
+        devices: Mapping[str, DeviceInfo],
+        hooks: object | None,
+        *,
+        kubelet_dir: Path,
+        watcher: KubeletDirWatcher,
+        timing: ServerTiming = DEFAULT_TIMING,
+        extension: AnswerExtension | None = None,
+        events: ServingEvents | None = None,
+    ) -> None:
+        self.resource = resource
+        self.events = events if events is not None else NoServingEvents()
+        self.kubelet_dir = kubelet_dir
+        self.socket_path = socket_path_for(kubelet_dir, resource)
+        self.watcher = watcher
+        self.timing = timing
+        self.devices: LatestValue[Mapping[str, DeviceInfo]] = LatestValue(devices)
+        self.servicer = DevicePluginServicer(resource, self.devices, hooks, extension, self.events)
+        self.registered = asyncio.Event()
+        self.registrations = 0
+        self._grpc: grpc.aio.Server | None = None
+        self._own: FileIdentity | None = None
+        # True once the current listener was offered to the kubelet in a Register call.
+        self._offered = False
+        self._kubelet: FileIdentity | None = None
+        self._log = log.bind(resource=resource, socket=str(self.socket_path))
+
+    def update(self, devices: Mapping[str, DeviceInfo]) -> None:
+        """Publish a new device list to every ListAndWatch stream."""
+        self.devices.set(devices)
+
+    async def run(self) -> None:
+        """Serve and stay registered; returns only by cancellation, cleaning up after itself."""
+        backoff = Backoff(self.timing.backoff_initial_s, self.timing.backoff_max_s)
+        retry_at = 0.0
+        failed_for: FileIdentity | None = None
+        waiting_logged = False
+        listen_problem = _Once()
+        try:
+            while True:
+                version = self.watcher.changes.version
+                wait = self.timing.stat_backstop_s
+                kubelet = FileIdentity.of(self.kubelet_dir / KUBELET_SOCKET)
+                if self._kubelet is not None:
+                    if not self._own_socket_ok():
+                        self._log.info("kubelet.restart.detected", reason="own socket removed")
+                        self._count_restart()
+                        self._set_unregistered()
+                    elif kubelet != self._kubelet:
+                        self._log.info("kubelet.restart.detected", reason="kubelet.sock replaced")
+                        self._count_restart()
+                        self._set_unregistered()
+                if self._kubelet is None and self.kubelet_dir.is_dir():
+                    # (A missing dir is logged once by the watcher, which wakes us when it is back.)
+                    if kubelet is None:
+                        if not waiting_logged:
+                            self._log.info("kubelet.waiting", dir=str(self.kubelet_dir))
+                            waiting_logged = True
+                    elif kubelet == failed_for and time.monotonic() < retry_at:
+                        wait = min(wait, retry_at - time.monotonic())
+                    else:
+                        waiting_logged = False
+                        try:
+                            await self._ensure_fresh_listener()
+                        except (OSError, RuntimeError, SocketInUseError) as exc:
+                            delay = backoff.next()
+                            listen_problem.log(
+                                self._log,
+                                "server.listen.failed",
+                                str(exc),
+                                retry_in_s=round(delay, 3),
+                            )
+                            failed_for, retry_at = kubelet, time.monotonic() + delay
+                            await self._wait(version, delay)
+                            continue
+                        listen_problem.clear()
+                        if await self._register(kubelet):
+                            backoff.reset()
+                            failed_for = None
+                            continue
+                        delay = backoff.next()
+                        failed_for, retry_at = kubelet, time.monotonic() + delay
+                        wait = min(wait, delay)
+                await self._wait(version, wait)
+        finally:
+            await self._close()
+
+    async def _wait(self, version: int, timeout: float) -> None:
+        """Sleep until the kubelet dir changes or ``timeout`` passes.
+
+        asyncio.timeout, not wait_for: on Python 3.11 wait_for can swallow a cancellation that
+        arrives as the inner wait completes, which would leave a stopped server running.
+        """
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(max(timeout, 0.0)):
+                await self.watcher.changes.wait_changed(version)
+
+    def _own_socket_ok(self) -> bool:
+        return self._grpc is not None and FileIdentity.of(self.socket_path) == self._own
+
+    def _count_restart(self) -> None:
+        self.events.kubelet_restarted(self.resource)
+
+    def _set_unregistered(self) -> None:
+        self._kubelet = None
+        self.registered.clear()
+
+    async def _ensure_fresh_listener(self) -> None:
+        """Listen on our socket with a listener the kubelet has not been offered yet.
+
+        A re-registration on a listener the kubelet already knows would leave its previous
+        ListAndWatch stream open; when that stream later ends, current kubelets drop the
+        resource's newest client. Restarting the listener ends old streams first.
+        """
+        if self._grpc is None or self._offered or not self._own_socket_ok():
+            await self._listen()
+
+    async def _listen(self) -> None:
+        """Start a gRPC server and link its socket into place; the old server stops first."""
+        await self._stop_grpc()
+        temporary = self.kubelet_dir / f"{TEMP_SOCKET_PREFIX}{secrets.token_hex(6)}.sock"
+        server = grpc.aio.server()
+        pb_grpc.add_DevicePluginServicer_to_server(self.servicer, server)
+        try:
+            server.add_insecure_port(f"unix://{temporary}")
+            await server.start()
+            os.chmod(temporary, SOCKET_MODE)
+            await self._claim(temporary)
+        except BaseException:
+            await server.stop(None)
+            raise
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(temporary)
+        self._grpc = server
+        self._offered = False
+        # Taken after the temporary name is gone: link and unlink both change the ctime.
+        self._own = FileIdentity.of(self.socket_path)
+        self._log.info("server.listening")
+
+    async def _claim(self, temporary: Path) -> None:
+        """Hard-link ``temporary`` to our socket path, replacing only a stale socket there."""
+        for _ in range(3):
+            try:
+                os.link(temporary, self.socket_path)
+                return
+            except FileExistsError:
+                await self._remove_if_stale()
+        raise SocketInUseError(f"{self.socket_path} keeps being re-created by someone else")
+
+    async def _remove_if_stale(self) -> None:
+        """Delete a socket file nobody answers on; refuse a live socket or any other file."""
+        try:
+            mode = os.lstat(self.socket_path).st_mode
+        except FileNotFoundError:
+            return
+        if not stat.S_ISSOCK(mode):
+            raise SocketInUseError(
+                f"{self.socket_path} exists and is not a socket; remove it or choose another dir"
+            )
+        try:
+            async with asyncio.timeout(self.timing.in_use_probe_s):
+                _, writer = await asyncio.open_unix_connection(self.socket_path)
+        except ConnectionRefusedError:
+            self._log.info("server.stale_socket.removed")
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self.socket_path)
+            return
+        except (OSError, TimeoutError) as exc:
+            # Not provably stale (full backlog, permissions): leave it alone.
+            raise SocketInUseError(f"{self.socket_path} is in use or unreachable: {exc}") from None
+        writer.close()
+        with contextlib.suppress(OSError):
+            await writer.wait_closed()
+        raise SocketInUseError(f"another process is serving on {self.socket_path}")
+
+    async def _register(self, kubelet: FileIdentity) -> bool:
+        self._log.info("kubelet.register.started")
+        self._offered = True
+        started = time.perf_counter()
+        try:
+            await register(
+                self.kubelet_dir,
+                endpoint=self.socket_path.name,
+                resource=self.resource,
+                options=self.servicer.options,
+                timeout=self.timing.register_timeout_s,
+            )
+        except RegistrationError as exc:
+            level = self._log.warning if exc.retryable else self._log.error
+            level("kubelet.register.failed", error=str(exc))
+            self.events.registered(self.resource, ok=False)
+            return False
+        self._kubelet = kubelet
+        self.registrations += 1
+        self.registered.set()
+        self.events.registered(self.resource, ok=True)
+        self._log.info(
+            "kubelet.register.complete", ms=round((time.perf_counter() - started) * 1000, 1)
+        )
+        return True
+
+    async def retire(self) -> None:
+        """Send an empty list (capacity drops at once), let streams drain; then run() may stop."""
+        self.devices.set({})
+        self.devices.close()
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(self.timing.drain_timeout_s):
+                await self.servicer.idle.wait()
+
+    async def _stop_grpc(self) -> None:
+        server, self._grpc = self._grpc, None
+        if server is not None:
+            await server.stop(None)
+
+    async def _close(self) -> None:
+        """Stop serving and remove our socket, if it is still ours."""
+        self._set_unregistered()
+        own = self._own
+        await self._stop_grpc()
+        if own is not None and FileIdentity.of(self.socket_path) == own:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self.socket_path)
+        self._log.info("server.stopped")

@@ -1,0 +1,291 @@
+"""The DevicePlugin gRPC service for one resource.
+
+Every handler reads one snapshot of the resource's devices, so an answer is always consistent
+with one advertised list, even while the list changes underneath. Errors a request deserves
+become gRPC statuses naming the ids; anything else is logged and answered INTERNAL, and the
+server keeps serving.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import inspect
+from collections.abc import AsyncIterator, Awaitable, Mapping, Sequence
+from typing import Any, TypeVar
+
+import grpc
+import structlog
+
+from devplug._kits.values import LatestValue
+from devplug._proto import deviceplugin_v1beta1_pb2 as pb
+from devplug._proto import deviceplugin_v1beta1_pb2_grpc as pb_grpc
+from devplug.errors import AllocationError
+from devplug.kubelet.allocation import check_request, default_allocation, default_preferred
+from devplug.kubelet.seams import AnswerExtension, NoServingEvents, ServingEvents
+from devplug.kubelet.wire import ListMessageBuilder, container_response
+from devplug.model import ContainerAllocation, DeviceInfo
+from devplug.scanners.base import Allocator, ContainerPreStarter, PostAllocator, PreferredAllocator
+
+log = structlog.get_logger("devplug.servicer")
+
+T = TypeVar("T")
+
+_STATUS = {"not_found": grpc.StatusCode.NOT_FOUND, "invalid": grpc.StatusCode.INVALID_ARGUMENT}
+
+DeviceMap = Mapping[str, DeviceInfo]
+
+# Bounds the default-answer cache: a node has at most a few thousand distinct id lists in use.
+MAX_CACHED_ANSWERS = 4096
+MAX_LOGGED_IDS = 32
+
+
+async def _resolve(value: T | Awaitable[T]) -> T:
+    if inspect.isawaitable(value):
+        return await value
+    return value
+
+
+def _loggable(requests: Sequence[Sequence[str]]) -> object:
+    """The requested ids for a log line, summarised when a request is unusually large."""
+    total = sum(len(ids) for ids in requests)
+    if total <= MAX_LOGGED_IDS:
+        return requests
+    return f"{total} ids in {len(requests)} containers"
+
+
+def plugin_options(hooks: object | None) -> pb.DevicePluginOptions:
+    """Options reflect the hooks: PreStartContainer only when the scanner implements it.
+
+    GetPreferredAllocation is always available: the default policy (must-include, then NUMA)
+    is better than the kubelet's own choice whenever devices carry topology.
+    """
+    return pb.DevicePluginOptions(
+        pre_start_required=isinstance(hooks, ContainerPreStarter),
+        get_preferred_allocation_available=True,
+    )
+
+
+class DevicePluginServicer(pb_grpc.DevicePluginServicer):
+    def __init__(
+        self,
+        resource: str,
+        devices: LatestValue[DeviceMap],
+        hooks: object | None,
+        extension: AnswerExtension | None = None,
+        events: ServingEvents | None = None,
+    ) -> None:
+        self.resource = resource
+        self.extension = extension
+        self.events = events if events is not None else NoServingEvents()
+        self.devices = devices
+        self.hooks = hooks
+        self.options = plugin_options(hooks)
+        # Protocol isinstance checks are slow (microseconds each): resolve the hooks once.
+        self._allocator = hooks if isinstance(hooks, Allocator) else None
+        self._post_allocator = hooks if isinstance(hooks, PostAllocator) else None
+        self._preferred_allocator = hooks if isinstance(hooks, PreferredAllocator) else None
+        self._pre_starter = hooks if isinstance(hooks, ContainerPreStarter) else None
+        # Default answers per id list, valid for one device snapshot (cleared when it changes).
+        self._answers: dict[tuple[str, ...], pb.ContainerAllocateResponse] = {}
+        self._answers_for: tuple[DeviceMap, int] | None = None
+        # The ListAndWatch message of the current snapshot, shared by every open stream.
+        self._listed: tuple[DeviceMap, pb.ListAndWatchResponse] | None = None
+        self._list_builder = ListMessageBuilder()
+        self.active_streams = 0
+        self.idle = asyncio.Event()  # set while no ListAndWatch stream is open
+        self.idle.set()
+        self._log = log.bind(resource=resource)
+
+    async def GetDevicePluginOptions(
+        self, request: pb.Empty, context: grpc.aio.ServicerContext[pb.Empty, pb.DevicePluginOptions]
+    ) -> pb.DevicePluginOptions:
+        return self.options
+
+    async def ListAndWatch(
+        self,
+        request: pb.Empty,
+        context: grpc.aio.ServicerContext[pb.Empty, pb.ListAndWatchResponse],
+    ) -> AsyncIterator[pb.ListAndWatchResponse]:
+        self.active_streams += 1
+        self.idle.clear()
+        self._log.info("listandwatch.opened", streams=self.active_streams)
+        try:
+            sent: pb.ListAndWatchResponse | None = None
+            async for devices in self.devices.as_changed():
+                message = self._list_message(devices)
+                if message is sent:
+                    # Only what the kubelet does not see changed (a health reason, a mount):
+                    # a flapping device's reasons must not become a stream of messages.
+                    continue
+                yield message
+                sent = message
+                self._log.debug("listandwatch.sent", devices=len(devices))
+        finally:
+            self.active_streams -= 1
+            if not self.active_streams:
+                self.idle.set()
+            self._log.info("listandwatch.closed", streams=self.active_streams)
+
+    def _list_message(self, devices: DeviceMap) -> pb.ListAndWatchResponse:
+        if self._listed is None or self._listed[0] is not devices:
+            message = self._list_builder.build(devices)
+            if self._listed is None or message is not self._listed[1]:
+                self.events.list_built(self.resource, message.ByteSize())
+            self._listed = (devices, message)
+        return self._listed[1]
+
+    async def Allocate(
+        self,
+        request: pb.AllocateRequest,
+        context: grpc.aio.ServicerContext[pb.AllocateRequest, pb.AllocateResponse],
+    ) -> pb.AllocateResponse:
+        requests = [list(c.devices_ids) for c in request.container_requests]
+        async with self._answering(context, "allocate"):
+            responses = await self._allocate(requests, self.devices.value)
+        self.events.allocated(self.resource, "ok")
+        self._log.info("allocate.complete", devices=_loggable(requests))
+        return pb.AllocateResponse(container_responses=responses)
+
+    async def _allocate(
+        self, requests: Sequence[Sequence[str]], devices: DeviceMap
+    ) -> list[pb.ContainerAllocateResponse]:
+        check_request(self.resource, requests, devices)
+        if self.extension is not None:
+            self.extension.confirm(self.resource)  # e.g. never name a CDI spec that is gone
+        answers: Sequence[ContainerAllocation] | None = None
+        if self._allocator is not None:
+            answers = await _resolve(self._allocator.allocate(self.resource, requests, devices))
+        if answers is None:
+            if self._post_allocator is None:
+                return [self._default_response(ids, devices) for ids in requests]
+            answers = [
+                self._extended(ids, default_allocation(ids, devices), devices) for ids in requests
+            ]
+        if self._post_allocator is not None:
+            answers = await _resolve(
+                self._post_allocator.post_allocate(self.resource, requests, answers)
+            )
+        _check_count(answers, requests)
+        return [container_response(answer) for answer in answers]
+
+    def _extended(
+        self, ids: Sequence[str], answer: ContainerAllocation, devices: DeviceMap
+    ) -> ContainerAllocation:
+        if self.extension is None:
+            return answer
+        return self.extension.extend(self.resource, ids, answer, devices)
+
+    def _default_response(
+        self, ids: Sequence[str], devices: DeviceMap
+    ) -> pb.ContainerAllocateResponse:
+        # Cached per device snapshot and extension state (which CDI specs are on disk).
+        state = (devices, self.extension.generation if self.extension is not None else 0)
+        if self._answers_for is None or (
+            self._answers_for[0] is not devices or self._answers_for[1] != state[1]
+        ):
+            self._answers.clear()
+            self._answers_for = state
+        key = tuple(ids)
+        cached = self._answers.get(key)
+        if cached is None:
+            answer = self._extended(ids, default_allocation(ids, devices), devices)
+            cached = container_response(answer)
+            if len(self._answers) < MAX_CACHED_ANSWERS:
+                self._answers[key] = cached
+        return cached
+
+    async def GetPreferredAllocation(
+        self,
+        request: pb.PreferredAllocationRequest,
+        context: grpc.aio.ServicerContext[
+            pb.PreferredAllocationRequest, pb.PreferredAllocationResponse
+        ],
+    ) -> pb.PreferredAllocationResponse:
+        devices = self.devices.value
+        responses = []
+        for container in request.container_requests:
+            available = list(container.available_deviceIDs)
+            must_include = list(container.must_include_deviceIDs)
+            size = container.allocation_size
+            chosen = await self._preferred(available, must_include, size, devices)
+            responses.append(pb.ContainerPreferredAllocationResponse(deviceIDs=chosen))
+        return pb.PreferredAllocationResponse(container_responses=responses)
+
+    async def _preferred(
+        self, available: list[str], must_include: list[str], size: int, devices: DeviceMap
+    ) -> list[str]:
+        if self._preferred_allocator is not None:
+            try:
+                picked = await _resolve(
+                    self._preferred_allocator.preferred_allocation(
+                        self.resource, available, must_include, size, devices
+                    )
+                )
+                if picked is None or isinstance(picked, str):
+                    raise TypeError(f"expected a list of device ids, got {picked!r}")
+                # Kept within what the kubelet offered, must-include first, healthy only.
+                allowed = set(available) | set(must_include)
+                chosen = list(
+                    dict.fromkeys(
+                        [
+                            *must_include,
+                            *(
+                                i
+                                for i in picked
+                                if i in allowed and (i not in devices or devices[i].healthy)
+                            ),
+                        ]
+                    )
+                )
+            except Exception:
+                # An error here would fail pod admission; the default is a safe answer.
+                self._log.exception("preferred.hook_failed")
+            else:
+                if len(chosen) >= size:
+                    return chosen[: max(size, len(set(must_include)))]
+                # A short answer is topped up by the default policy.
+                return default_preferred(available, chosen, size, devices)
+        return default_preferred(available, must_include, size, devices)
+
+    async def PreStartContainer(
+        self,
+        request: pb.PreStartContainerRequest,
+        context: grpc.aio.ServicerContext[
+            pb.PreStartContainerRequest, pb.PreStartContainerResponse
+        ],
+    ) -> pb.PreStartContainerResponse:
+        ids = list(request.devices_ids)
+        async with self._answering(context, "prestart"):
+            check_request(self.resource, [ids], self.devices.value)
+            if self._pre_starter is not None:
+                await _resolve(self._pre_starter.pre_start_container(self.resource, ids))
+        return pb.PreStartContainerResponse()
+
+    @contextlib.asynccontextmanager
+    async def _answering(
+        self, context: grpc.aio.ServicerContext[Any, Any], rpc: str
+    ) -> AsyncIterator[None]:
+        """Answer a refusal with its gRPC status and anything else with INTERNAL, naming the
+        resource; the server goes on serving either way. ``context.abort`` always raises."""
+        try:
+            yield
+        except AllocationError as exc:
+            self._log.warning(f"{rpc}.refused", reason=str(exc))
+            self._count(rpc, exc.kind)
+            await context.abort(_STATUS.get(exc.kind, grpc.StatusCode.INVALID_ARGUMENT), str(exc))
+        except Exception:
+            self._log.exception(f"{rpc}.failed")
+            self._count(rpc, "error")
+            await context.abort(grpc.StatusCode.INTERNAL, f"{self.resource}: {rpc} failed")
+
+    def _count(self, rpc: str, result: str) -> None:
+        if rpc == "allocate":
+            self.events.allocated(self.resource, result)
+
+
+def _check_count(answers: Sequence[object], requests: Sequence[object]) -> None:
+    if len(answers) != len(requests):
+        raise RuntimeError(
+            f"allocation hook returned {len(answers)} answers for {len(requests)} containers"
+        )
