@@ -1,8 +1,9 @@
 """devplug: a Kubernetes device plugin daemon and framework.
 
 The public surface for plugin authors is what ``__all__`` lists: the device model, the scanner
-protocols and hooks, the udev view scanners read, the helpers of incremental rescans, and what
-an entry point needs to serve its scanners (``load_settings``, ``Settings``, ``serve``).
+protocols and hooks, the udev view scanners read, the helpers of incremental rescans, the NUMA
+preferred-allocation policy a ``PreferredAllocator`` can configure, and what an entry point
+needs to serve its scanners (``load_settings``, ``Settings``, ``serve``).
 Everything else is internal. Test tools live in :mod:`devplug.testing`.
 """
 
@@ -22,6 +23,7 @@ from devplug.model import (
     Health,
     Mount,
 )
+from devplug.preferred import PreferredPolicy, by_first_source, by_info, preferred_ids
 from devplug.scanners.base import (
     Allocator,
     ContainerPreStarter,
@@ -70,6 +72,7 @@ __all__ = [
     "Mount",
     "PostAllocator",
     "PreferredAllocator",
+    "PreferredPolicy",
     "Reporter",
     "Scanner",
     "Settings",
@@ -79,6 +82,9 @@ __all__ = [
     "UdevEvent",
     "UdevSource",
     "__version__",
+    "by_first_source",
+    "by_info",
     "load_settings",
+    "preferred_ids",
     "serve",
 ]

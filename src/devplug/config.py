@@ -13,7 +13,7 @@ import os
 import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
@@ -132,6 +132,24 @@ class Settings(StrictModel):
     hotplug: HotplugSettings = HotplugSettings()
     # scanner name -> its raw section; validated by devplug.scanners.registry.
     scanners: dict[str, Any] = Field(default_factory=dict)
+
+    # What a running daemon set up once and cannot change on SIGHUP: its sockets' dir, the
+    # CDI dir and its lock, the HTTP listener, the logging pipeline.
+    RESTART_ONLY: ClassVar[tuple[str, ...]] = (
+        "kubelet_dir",
+        "cdi",
+        "log_format",
+        "log_level",
+        "metrics_address",
+    )
+
+    def restart_only_changes(self, new: Settings) -> list[str]:
+        """The restart-only settings ``new`` changes (a reload keeps this config's values)."""
+        return [name for name in self.RESTART_ONLY if getattr(new, name) != getattr(self, name)]
+
+    def reloaded(self, new: Settings) -> Settings:
+        """``new``, with this config's restart-only settings kept."""
+        return new.model_copy(update={name: getattr(self, name) for name in self.RESTART_ONLY})
 
     @field_validator("metrics_address")
     @classmethod

@@ -1,45 +1,81 @@
-"""The daemon: one asyncio.run, one TaskGroup, orderly shutdown on SIGTERM/SIGINT.
+"""The daemon: the parts wired together, started in order, stopped in reverse.
 
-Tasks: the kubelet dir watcher, the scan loop (fed by udev events, see ``events``), and one
-server per resource (started by the manager). A task that fails unexpectedly brings the
-TaskGroup down and the daemon exits non-zero, so a supervisor restarts it; expected trouble
-(kubelet away, unwritable dirs, vanished devices) is handled where it happens and never ends
-the daemon.
+- :mod:`devplug.hotplug` scans (at start, on udev events, on the resync) and publishes the
+  advertised tree;
+- :mod:`devplug.kubelet` serves each resource of it to the kubelet;
+- :mod:`devplug.cdi` keeps the CDI spec files in line with it;
+- :mod:`devplug.ops` counts, answers probes and talks to systemd.
+
+They meet only here. Each part is entered into one ``AsyncExitStack`` in dependency order,
+so shutdown is LIFO by structure: systemd hears STOPPING first, the scan loop stops before
+the servers it feeds, the servers before the kubelet dir watch they wait on, the CDI specs
+go after the servers (so Allocate never names a spec already removed), the listener last.
+A task that fails unexpectedly brings the TaskGroup down and the daemon exits non-zero, so a
+supervisor restarts it; expected trouble (kubelet away, unwritable dirs, vanished devices) is
+handled where it happens and never ends the daemon.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import gc
+import dataclasses
 import signal
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import structlog
 
+from devplug._kits.tasks import running
+from devplug._kits.values import LatestValue, Watchable
 from devplug.cdi.allocate import CdiNames, CdiOptions
 from devplug.cdi.catalog import CdiCatalog
 from devplug.cdi.sync import CdiSync, default_instance
 from devplug.config import Settings, parse_address
 from devplug.errors import ConfigError
 from devplug.hotplug.health import HealthGate
-from devplug.hotplug.listener import UDEV_CONTROL, MonitorOpener, UeventListener, choose_source
-from devplug.hotplug.scanning import ScanRunner, event_subsystems
+from devplug.hotplug.listener import (
+    UDEV_CONTROL,
+    EventBatch,
+    MonitorOpener,
+    UeventListener,
+    choose_source,
+)
+from devplug.hotplug.loop import ScanLoop
+from devplug.hotplug.scanning import ScanResult, ScanRunner, event_subsystems
 from devplug.kubelet.registration import KubeletDirWatcher
 from devplug.kubelet.server import DEFAULT_TIMING, ServerTiming
-from devplug.kubelet.servers import Manager
+from devplug.kubelet.servers import ResourceServers
 from devplug.model import DeviceTree
 from devplug.ops.http import StatusEndpoint
 from devplug.ops.metrics import Metrics
 from devplug.ops.systemd import SystemdNotifier
 from devplug.scanners.base import Scanner
-from devplug.scanners.udev import UdevEvent, UdevMonitor
+from devplug.scanners.udev import UdevMonitor
 
 log = structlog.get_logger("devplug.daemon")
 
 # Reads and validates the config file again: (settings, their scanners), or ConfigError.
 ConfigLoader = Callable[[], tuple[Settings, Sequence[Scanner]]]
+
+
+@dataclass(frozen=True, slots=True)
+class DaemonStats:
+    """What the daemon has done so far: await it (``daemon.stats.wait_for(...)``) rather than
+    poll. A new value is published whenever one of these changes."""
+
+    full_scans: int = 0
+    incremental_scans: int = 0
+    reloads: int = 0
+    udev_events: int = 0
+    udev_overflows: int = 0
+    # The tree advertised to the kubelet (after the health gate and the list limit).
+    advertised: DeviceTree = field(default_factory=DeviceTree)
+    # Resources whose CDI spec is on disk as written (Allocate names their devices).
+    cdi_specs: frozenset[str] = frozenset()
+    cdi_writes: int = 0
+    cdi_failures: int = 0
 
 
 class Daemon:
@@ -56,294 +92,245 @@ class Daemon:
         config_loader: ConfigLoader | None = None,
     ) -> None:
         self.settings = settings
-        # systemd's notify protocol (a no-op outside a Type=notify unit).
-        self.notifier = notifier if notifier is not None else SystemdNotifier()
-        self.metrics = Metrics()
-        self.http: StatusEndpoint | None = None
+        self._udev_control = udev_control
         # Reads and validates the config again on SIGHUP (None: SIGHUP only rescans).
         self._config_loader = config_loader
-        self._reload_requested = False
-        self.reloads = 0
-        self.scan_runner = ScanRunner(scanners)
-        self.watcher = KubeletDirWatcher(settings.kubelet_dir)
-        self.timing = timing
+        self._stats = LatestValue(DaemonStats())
+        self.metrics = Metrics()
+        # systemd's notify protocol (a no-op outside a Type=notify unit).
+        self.systemd = notifier if notifier is not None else SystemdNotifier()
+        self.http: StatusEndpoint | None = None
         self.stop_requested = asyncio.Event()
-        self.manager: Manager | None = None
-        self.first_scan_done = asyncio.Event()
+
         hotplug = settings.hotplug
-        self.health = HealthGate(hotplug.health_hold_down_s)
-        # gc.freeze() is process-wide: the daemon's own process asks for it (cli), tests don't.
-        self.freeze_gc = freeze_gc
-        self._udev_control = udev_control
-        self.listener = UeventListener(
+        listener = UeventListener(
             choose_source(hotplug.source, udev_control),
             event_subsystems(scanners),
             self._wake_scan_loop,
             monitor_opener,
         )
-        # Counters for tests, benchmarks and (later) metrics.
-        self.full_scans = 0
-        self.incremental_scans = 0
+        self.scan_loop = ScanLoop(
+            ScanRunner(scanners),
+            listener,
+            HealthGate(hotplug.health_hold_down_s),
+            hotplug,
+            self._publish,
+            observe=self._scanned,
+            observe_events=self._events_taken,
+            reload=self._reload,
+            freeze_gc=freeze_gc,
+        )
+
+        self.watcher = KubeletDirWatcher(settings.kubelet_dir)
         cdi = settings.cdi
         # What the spec files on disk define, shared by the CDI task and every servicer.
-        self.cdi_catalog = CdiCatalog()
-        instance = cdi.instance or default_instance(scanners)
-        self.cdi_sync = CdiSync(cdi, self.cdi_catalog, instance) if cdi.enabled else None
-        self._cdi_options = (
-            CdiNames(CdiOptions(self.cdi_catalog, cdi.annotations, cdi.device_specs))
-            if cdi.enabled
-            else None
+        self.cdi_catalog = CdiCatalog(on_change=self._cdi_changed)
+        self.cdi_sync: CdiSync | None = None
+        names: CdiNames | None = None
+        if cdi.enabled:
+            instance = cdi.instance or default_instance(scanners)
+            self.cdi_sync = CdiSync(cdi, self.cdi_catalog, instance, on_change=self._cdi_changed)
+            names = CdiNames(CdiOptions(self.cdi_catalog, cdi.annotations, cdi.device_specs))
+        self.servers = ResourceServers(
+            settings.kubelet_dir, self.watcher, timing, extension=names, events=self.metrics
         )
-        self._scan_lock = asyncio.Lock()
-        self._wake = asyncio.Event()
-        self._full_scan_requested = False
-        self._raw = DeviceTree()
-        self._owners: Mapping[str, Scanner] = {}
+
+    # ------------------------------------------------------------------ public controls
+
+    @property
+    def stats(self) -> Watchable[DaemonStats]:
+        return self._stats
+
+    @property
+    def listener(self) -> UeventListener:
+        return self.scan_loop.listener
+
+    @property
+    def first_scan_done(self) -> asyncio.Event:
+        return self.scan_loop.first_scan_done
 
     def request_stop(self) -> None:
         self.stop_requested.set()
 
     def request_reload(self) -> None:
         """SIGHUP: read the config again (keeping the running one if it is wrong), rescan."""
-        self._reload_requested = True
-        self.request_scan()
+        self.scan_loop.request_reload()
 
     def request_scan(self) -> None:
         """Ask the scan loop for a full scan now (SIGHUP); returns at once."""
-        self._full_scan_requested = True
-        self._wake_scan_loop()
+        self.scan_loop.request_scan()
+
+    async def rescan(self) -> None:
+        """Scan fully now and publish the result (tests, the periodic resync)."""
+        await self.scan_loop.rescan()
 
     def _wake_scan_loop(self) -> None:
-        self._wake.set()
+        self.scan_loop.wake()
+
+    # ------------------------------------------------------------------ running
 
     async def run(self) -> None:
         log.info(
             "daemon.started",
             kubelet_dir=str(self.settings.kubelet_dir),
-            scanners=[s.name for s in self.scan_runner.scanners],
+            scanners=[s.name for s in self.scan_loop.runner.scanners],
         )
-        async with asyncio.TaskGroup() as group:
-            manager = Manager(
-                self.settings.kubelet_dir,
-                self.watcher,
-                group,
-                self.timing,
-                self._cdi_options,
-                self.metrics,
-            )
-            self.manager = manager
-            watcher = group.create_task(self.watcher.run(), name="kubelet-watcher")
-            scan_loop = group.create_task(self._scan_loop(), name="scan-loop")
-            cdi_task = None
+        async with asyncio.TaskGroup() as group, contextlib.AsyncExitStack() as parts:
             if self.cdi_sync is not None:
-                cdi_task = group.create_task(self.cdi_sync.run(), name="cdi-sync")
-            watchdog = group.create_task(self.notifier.watchdog(), name="systemd-watchdog")
-            if self.settings.metrics_address is not None:
-                host, port = parse_address(self.settings.metrics_address)
-                endpoint = StatusEndpoint(host, port, self.metrics.exposition, self.not_ready)
-                try:
-                    await endpoint.start()
-                    self.http = endpoint
-                except OSError as exc:
-                    # Devices matter more than their metrics: serve on without the endpoint.
-                    log.error(
-                        "http.unavailable",
-                        address=self.settings.metrics_address,
-                        reason=exc.strerror or str(exc),
-                        fix="choose a free metrics_address, or leave it unset",
-                    )
-            ready = group.create_task(self._announce_ready(), name="systemd-ready")
-            try:
-                await self.stop_requested.wait()
-                log.info("daemon.stopping")
-                self.notifier.notify("STOPPING=1", "STATUS=stopping")
-                ready.cancel()
-                watchdog.cancel()
-                # The scan loop first, so no scan applies a tree while servers shut down.
-                scan_loop.cancel()
-                await asyncio.wait({scan_loop})
-                watcher.cancel()
-                await manager.shutdown()
-                if cdi_task is not None and self.cdi_sync is not None:
-                    cdi_task.cancel()
-                    await asyncio.wait({cdi_task})
-                    await self.cdi_sync.close()
-            finally:
-                self.listener.close()
-                self.notifier.close()
-                if self.http is not None:
-                    await self.http.close()
+                parts.push_async_callback(self.cdi_sync.close)  # after its task has stopped
+                await parts.enter_async_context(
+                    running(group, self.cdi_sync.run(), name="cdi-sync")
+                )
+            await parts.enter_async_context(
+                running(group, self.watcher.run(), name="kubelet-watcher")
+            )
+            await parts.enter_async_context(self.servers.serving(group))
+            await self._start_http(parts)
+            await parts.enter_async_context(running(group, self.scan_loop.run(), name="scan-loop"))
+            parts.callback(self.systemd.close)
+            await parts.enter_async_context(
+                running(group, self.systemd.watchdog(), name="systemd-watchdog")
+            )
+            await parts.enter_async_context(
+                running(group, self._announce_ready(), name="systemd-ready")
+            )
+            parts.callback(self._stopping)
+            await self.stop_requested.wait()
         log.info("daemon.stopped")
+
+    def _stopping(self) -> None:
+        log.info("daemon.stopping")
+        self.systemd.notify("STOPPING=1", "STATUS=stopping")
+
+    async def _start_http(self, parts: contextlib.AsyncExitStack) -> None:
+        if self.settings.metrics_address is None:
+            return
+        host, port = parse_address(self.settings.metrics_address)
+        endpoint = StatusEndpoint(host, port, self.metrics.exposition, self.not_ready)
+        try:
+            await endpoint.start()
+        except OSError as exc:
+            # Devices matter more than their metrics: serve on without the endpoint.
+            log.error(
+                "http.unavailable",
+                address=self.settings.metrics_address,
+                reason=exc.strerror or str(exc),
+                fix="choose a free metrics_address, or leave it unset",
+            )
+            return
+        self.http = endpoint
+        parts.push_async_callback(endpoint.close)
 
     def not_ready(self) -> list[str]:
         """What keeps the daemon from being ready: empty once the first scan is done and every
         advertised resource is registered with the kubelet (/readyz)."""
-        if not self.first_scan_done.is_set() or self.manager is None:
+        if not self.first_scan_done.is_set():
             return ["the first scan"]
-        return sorted(
-            f"{name} (not registered)"
-            for name, server in self.manager.servers.items()
-            if not server.registered.is_set()
-        )
+        return sorted(f"{name} (not registered)" for name in self.servers.unregistered())
 
     async def _announce_ready(self) -> None:
         """READY=1 once every resource of the first scan is registered with the kubelet."""
         await self.first_scan_done.wait()
-        manager = self.manager
-        if manager is None:
-            return
-        servers = list(manager.servers.values())
-        if servers:
-            self.notifier.notify(f"STATUS=registering {len(servers)} resource(s) with the kubelet")
-            await asyncio.gather(*(server.registered.wait() for server in servers))
-            status = f"STATUS=serving {len(servers)} resource(s), all registered"
+        if self.servers.servers:
+            waiting = len(self.servers.servers)
+            self.systemd.notify(f"STATUS=registering {waiting} resource(s) with the kubelet")
+        count = await self.servers.wait_registered()
+        if count:
+            status = f"STATUS=serving {count} resource(s), all registered"
         else:
             status = "STATUS=no devices found; watching for them"
-        self.notifier.notify("READY=1", status)
-        log.info("daemon.ready", resources=len(servers))
+        self.systemd.notify("READY=1", status)
+        log.info("daemon.ready", resources=count)
 
-    async def rescan(self) -> None:
-        """Scan fully now and apply the result (tests, SIGHUP, the periodic resync)."""
-        await self._scan_and_apply(None)
+    # ------------------------------------------------------------------ the flow
 
-    async def _scan_and_apply(self, events: Sequence[UdevEvent] | None) -> None:
-        if self.manager is None:
-            raise RuntimeError("the daemon is not running")
-        async with self._scan_lock:
-            result = await self.scan_runner.scan(events)
-            self.full_scans += result.full
-            self.incremental_scans += result.incremental
-            kind = "incremental" if result.full == 0 and result.incremental else "full"
-            self.metrics.scan_seconds.labels(kind).observe(result.duration_s)
-            self.metrics.set_held_back(result.held_back)
-            self._raw, self._owners = result.tree, result.owners
-            await self._publish(self.health.gate(self._raw))
-
-    async def _apply_health(self) -> None:
-        """Publish devices whose hold-down ended (no rescan: the scanners' view is current)."""
-        if self.manager is None:
-            raise RuntimeError("the daemon is not running")
-        async with self._scan_lock:
-            await self._publish(self.health.gate(self._raw))
-
-    async def _publish(self, tree: DeviceTree) -> None:
+    async def _publish(self, tree: DeviceTree, owners: Mapping[str, Scanner]) -> None:
         """To the servers first (the kubelet waits on them), then to the CDI task."""
-        if self.manager is None:
-            raise RuntimeError("the daemon is not running")
-        await self.manager.apply(tree, self._owners)
+        await self.servers.apply(tree, owners)
         self.metrics.set_devices(tree)
         if self.cdi_sync is not None:
             self.cdi_sync.submit(tree)
+        self._update_stats(advertised=tree)
+
+    def _scanned(self, result: ScanResult) -> None:
+        kind = "incremental" if result.full == 0 and result.incremental else "full"
+        self.metrics.scan_seconds.labels(kind).observe(result.duration_s)
+        self.metrics.set_held_back(result.held_back)
+        stats = self._stats.value
+        self._update_stats(
+            full_scans=stats.full_scans + result.full,
+            incremental_scans=stats.incremental_scans + result.incremental,
+        )
+
+    def _events_taken(self, batch: EventBatch) -> None:
+        if not batch:
+            return
+        self.metrics.udev_events.inc(len(batch.events))
+        if batch.overflowed:
+            self.metrics.udev_overflows.inc()
+        stats = self._stats.value
+        self._update_stats(
+            udev_events=stats.udev_events + len(batch.events),
+            udev_overflows=stats.udev_overflows + batch.overflowed,
+        )
+
+    def _cdi_changed(self) -> None:
+        sync = self.cdi_sync
+        self._update_stats(
+            cdi_specs=frozenset(self.cdi_catalog.resources()),
+            cdi_writes=0 if sync is None else sync.writes,
+            cdi_failures=0 if sync is None else sync.failures,
+        )
+
+    def _update_stats(self, **changes: object) -> None:
+        self._stats.set(dataclasses.replace(self._stats.value, **changes))  # type: ignore[arg-type]
 
     async def _reload(self) -> None:
-        """Apply a new config's scanners and hotplug settings; the next scan makes resources
-        follow. Settings a running daemon cannot change are reported, not applied."""
+        """Apply a new config's scanners and hotplug settings; the full scan that follows
+        makes resources (and their hooks) follow. Settings a running daemon cannot change are
+        reported, not applied."""
         if self._config_loader is None:
             return
         try:
             settings, scanners = await asyncio.to_thread(self._config_loader)
         except ConfigError as exc:
-            log.error(
-                "config.reload.refused",
-                field=exc.field,
-                reason=exc.message,
-                kept="the running configuration",
-            )
+            self._refused(exc)
             return
         except Exception:
             log.exception("config.reload.failed", kept="the running configuration")
             return
-        fixed = [
-            name
-            for name in ("kubelet_dir", "cdi", "log_format", "log_level", "metrics_address")
-            if getattr(settings, name) != getattr(self.settings, name)
-        ]
-        runner = ScanRunner(scanners, self.scan_runner.list_limit)
+        runner = ScanRunner(scanners, self.scan_loop.runner.list_limit)
         try:
             # A trial scan: a config the host cannot be served with (a list too big for the
-            # kubelet, say) is refused here, not by stopping the daemon. Under the scan lock:
-            # it shares the list limit, which one scan at a time may use.
-            async with self._scan_lock:
+            # kubelet, say) is refused here, not by stopping the daemon. Exclusive: it shares
+            # the list limit, which one scan at a time may use.
+            async with self.scan_loop.exclusive():
                 await runner.scan()
         except ConfigError as exc:
-            log.error(
-                "config.reload.refused",
-                field=exc.field,
-                reason=exc.message,
-                kept="the running configuration",
-            )
+            self._refused(exc)
             return
+        fixed = self.settings.restart_only_changes(settings)
         if fixed:
             log.warning("config.reload.needs_restart", settings=fixed, applied=False)
-        kept = {name: getattr(self.settings, name) for name in fixed}
-        self.settings = settings.model_copy(update=kept)
-        self.scan_runner = runner
-        # The gate keeps its memory (a device held down stays held down); only its period may
-        # change.
-        self.health.hold_down_s = self.settings.hotplug.health_hold_down_s
-        subsystems = event_subsystems(scanners)
-        source = choose_source(self.settings.hotplug.source, self._udev_control)
-        if (subsystems, source) != (self.listener.subsystems, self.listener.source):
-            # Close then open before the full scan that follows: nothing is missed for good.
-            self.listener.close()
-            self.listener.subsystems, self.listener.source = subsystems, source
-            self.listener.open()
-        self.reloads += 1
+        self.settings = self.settings.reloaded(settings)
+        hotplug = self.settings.hotplug
+        self.scan_loop.reconfigure(
+            runner,
+            hotplug,
+            event_subsystems(scanners),
+            choose_source(hotplug.source, self._udev_control),
+        )
+        self._update_stats(reloads=self._stats.value.reloads + 1)
         log.info("config.reloaded", scanners=[s.name for s in scanners], restart_needed=fixed)
 
-    def _resync_period(self) -> float:
-        hotplug = self.settings.hotplug
-        return hotplug.resync_s if self.listener.active else hotplug.poll_s
-
-    async def _scan_loop(self) -> None:
-        """Full scan, then: events -> incremental rescans; the resync period -> full scan.
-
-        The monitor opens before the first scan, so nothing that happens between the scan and
-        the first event read is missed. Nothing here wakes up unless an event, a signal, the
-        resync period or a health hold-down deadline calls for it.
-        """
-        loop = asyncio.get_running_loop()
-        self.listener.open()
-        await self.rescan()
-        self.first_scan_done.set()
-        if self.freeze_gc:
-            # The first tree and servers are long-lived: keep them out of GC passes.
-            gc.freeze()
-        next_full = loop.time() + self._resync_period()
-        while True:
-            deadline = next_full
-            health_due = self.health.next_deadline()
-            if health_due is not None:
-                # The gate has its own clock: convert its deadline to loop time.
-                deadline = min(deadline, loop.time() + health_due - self.health.now())
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout_at(deadline):
-                    await self._wake.wait()
-            coalesce_s = self.settings.hotplug.coalesce_ms / 1000  # a reload may change it
-            if self._wake.is_set() and coalesce_s > 0 and not self._full_scan_requested:
-                # Events come in bursts (a card and its nodes, a driver binding): let the burst
-                # finish so it costs one rescan.
-                await asyncio.sleep(coalesce_s)
-            self._wake.clear()
-            batch = self.listener.take()
-            self.metrics.udev_events.inc(len(batch.events))
-            if batch.overflowed:
-                self.metrics.udev_overflows.inc()
-            if self._reload_requested:
-                self._reload_requested = False
-                await self._reload()
-            if self._full_scan_requested or batch.overflowed or loop.time() >= next_full:
-                self._full_scan_requested = False
-                if not self.listener.active and loop.time() >= next_full:
-                    # Only at the poll period: a monitor that keeps failing must not turn
-                    # into a loop of full scans.
-                    self.listener.open()
-                await self.rescan()
-                next_full = loop.time() + self._resync_period()
-            elif batch.events:
-                await self._scan_and_apply(batch.events)
-            else:
-                await self._apply_health()
+    @staticmethod
+    def _refused(exc: ConfigError) -> None:
+        log.error(
+            "config.reload.refused",
+            field=exc.field,
+            reason=exc.message,
+            kept="the running configuration",
+        )
 
 
 async def run_until_signalled(daemon: Daemon) -> None:

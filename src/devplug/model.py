@@ -2,7 +2,7 @@
 
 A :class:`DeviceTree` maps resource name -> device id -> :class:`DeviceInfo`. It is built once
 per scan (with :class:`DeviceTreeBuilder`), never mutated, and compared with ``==`` by the
-notifier, so every field is an immutable value.
+kubelet front's diff (:mod:`devplug.kubelet.diff`), so every field is an immutable value.
 """
 
 from __future__ import annotations

@@ -243,7 +243,7 @@ async def test_allocate_names_exactly_the_requested_devices(
     scanner = StaticScanner({SERIAL: devices(3)})
     async with running_daemon(settings(kubelet_dir, cdi_dir), [scanner]) as daemon:
         session = await started(kubelet)
-        await eventually(lambda: daemon.cdi_catalog.get(SERIAL) is not None)
+        await daemon.stats.wait_for(lambda s: SERIAL in s.cdi_specs, timeout=5)
         assert (cdi_dir / SERIAL_SPEC).exists()
         first, second = await session.allocate(["dev2", "dev0"], ["dev1"])
         assert first.cdi_devices == (name("dev2"), name("dev0"))
@@ -262,7 +262,7 @@ async def test_annotations_name_the_devices_for_older_runtimes(
     cdi = settings(kubelet_dir, cdi_dir, annotations=True)
     async with running_daemon(cdi, [scanner]) as daemon:
         session = await started(kubelet)
-        await eventually(lambda: daemon.cdi_catalog.get(SERIAL) is not None)
+        await daemon.stats.wait_for(lambda s: SERIAL in s.cdi_specs, timeout=5)
         (answer,) = await session.allocate(["dev0", "dev2"])
         assert answer.annotations == {
             "cdi.k8s.io/devplug_example.com_serial": f"{name('dev0')},{name('dev2')}"
@@ -277,7 +277,7 @@ async def test_without_device_specs_only_the_cdi_names_are_sent(
     cdi = settings(kubelet_dir, cdi_dir, device_specs=False)
     async with running_daemon(cdi, [scanner]) as daemon:
         session = await started(kubelet)
-        await eventually(lambda: daemon.cdi_catalog.get(SERIAL) is not None)
+        await daemon.stats.wait_for(lambda s: SERIAL in s.cdi_specs, timeout=5)
         (answer,) = await session.allocate(["dev0", "dev1"])
         assert answer.cdi_devices == (name("dev0"), name("dev1"))
         assert stripped(answer)
@@ -295,12 +295,12 @@ async def test_a_device_the_spec_does_not_define_yet_keeps_its_device_specs(
         session = await started(kubelet)
         sync = daemon.cdi_sync
         assert sync is not None
-        await eventually(lambda: daemon.cdi_catalog.get(SERIAL) is not None)
+        await daemon.stats.wait_for(lambda s: SERIAL in s.cdi_specs, timeout=5)
         await faulty.make_unwritable()
         scanner.set({SERIAL: devices(3)})
         await daemon.rescan()
         await session.wait_for_update(lambda listed: "dev2" in listed)
-        await eventually(lambda: sync.failures >= 1)
+        await daemon.stats.wait_for(lambda s: s.cdi_failures >= 1, timeout=5)
         assert [d["name"] for d in spec_on_disk(faulty.path / SERIAL_SPEC)["devices"]] == [
             "dev0",
             "dev1",
@@ -326,12 +326,12 @@ async def test_a_changed_device_is_not_named_while_its_spec_on_disk_is_stale(
         session = await started(kubelet)
         sync = daemon.cdi_sync
         assert sync is not None
-        await eventually(lambda: daemon.cdi_catalog.get(SERIAL) is not None)
+        await daemon.stats.wait_for(lambda s: SERIAL in s.cdi_specs, timeout=5)
         await faulty.make_unwritable()
         # dev0's node changes (say, a re-bound GPU got another minor): same id, new node.
         scanner.set({SERIAL: {"dev0": DeviceInfo(nodes=(DeviceNode("/dev/ttyZ0"),))}})
         await daemon.rescan()
-        await eventually(lambda: sync.failures >= 1)
+        await daemon.stats.wait_for(lambda s: s.cdi_failures >= 1, timeout=5)
         (answer,) = await session.allocate(["dev0"])
         assert [n.host_path for n in answer.nodes] == ["/dev/ttyZ0"]
         on_disk = spec_on_disk(faulty.path / SERIAL_SPEC)["devices"][0]["containerEdits"]
@@ -352,7 +352,7 @@ async def test_nothing_is_rewritten_when_nothing_in_the_spec_changed(
         sync = daemon.cdi_sync
         assert sync is not None
         path = cdi_dir / SERIAL_SPEC
-        await eventually(lambda: daemon.cdi_catalog.get(SERIAL) is not None)
+        await daemon.stats.wait_for(lambda s: SERIAL in s.cdi_specs, timeout=5)
         content, before, writes = path.read_bytes(), stamp(path), sync.writes
         assert writes == 1
 
@@ -369,7 +369,7 @@ async def test_nothing_is_rewritten_when_nothing_in_the_spec_changed(
         # A change elsewhere, waited for: the CDI task has seen the trees above by then.
         scanner.set({SERIAL: sick, OTHER: devices(1)})
         await daemon.rescan()
-        await eventually(lambda: daemon.cdi_catalog.get(OTHER) is not None)
+        await daemon.stats.wait_for(lambda s: OTHER in s.cdi_specs, timeout=5)
 
         assert sync.writes == writes + 1  # OTHER's spec only
         assert stamp(path) == before  # same inode and mtime: not rewritten
@@ -411,7 +411,7 @@ async def test_a_resource_that_goes_away_takes_its_spec_with_it(
         scanner.set({SERIAL: devices(1)})
         await daemon.rescan()
         await eventually(lambda: not (cdi_dir / OTHER_SPEC).exists())
-        await eventually(lambda: daemon.cdi_catalog.get(OTHER) is None)
+        await daemon.stats.wait_for(lambda s: OTHER not in s.cdi_specs, timeout=5)
         assert stamp(cdi_dir / SERIAL_SPEC) == kept
         assert daemon.cdi_catalog.resources() == [SERIAL]
 
@@ -422,10 +422,10 @@ async def test_a_resource_whose_devices_have_nothing_to_inject_has_no_spec(
     scanner = StaticScanner({SERIAL: devices(1)})
     async with running_daemon(settings(kubelet_dir, cdi_dir), [scanner]) as daemon:
         session = await started(kubelet)
-        await eventually(lambda: daemon.cdi_catalog.get(SERIAL) is not None)
+        await daemon.stats.wait_for(lambda s: SERIAL in s.cdi_specs, timeout=5)
         scanner.set({SERIAL: {"dev0": DeviceInfo()}})
         await daemon.rescan()
-        await eventually(lambda: daemon.cdi_catalog.get(SERIAL) is None)
+        await daemon.stats.wait_for(lambda s: SERIAL not in s.cdi_specs, timeout=5)
         assert not (cdi_dir / SERIAL_SPEC).exists()
         (answer,) = await session.allocate(["dev0"])
         assert answer.cdi_devices == ()
@@ -453,7 +453,7 @@ async def test_keep_on_exit_leaves_the_specs(
         settings(kubelet_dir, cdi_dir, keep_on_exit=True), [scanner]
     ) as daemon:
         await started(kubelet)
-        await eventually(lambda: daemon.cdi_catalog.get(SERIAL) is not None)
+        await daemon.stats.wait_for(lambda s: SERIAL in s.cdi_specs, timeout=5)
         content = (cdi_dir / SERIAL_SPEC).read_bytes()
     assert (cdi_dir / SERIAL_SPEC).read_bytes() == content
     assert visible(cdi_dir) == [SERIAL_SPEC]
@@ -545,8 +545,8 @@ async def test_start_up_removes_stale_specs_and_leaves_other_writers_files(
             other = await started(kubelet, OTHER)
             sync = daemon.cdi_sync
             assert sync is not None
-            await eventually(lambda: daemon.cdi_catalog.get(SERIAL) is not None)
-            await eventually(lambda: sync.failures >= 1)
+            await daemon.stats.wait_for(lambda s: SERIAL in s.cdi_specs, timeout=5)
+            await daemon.stats.wait_for(lambda s: s.cdi_failures >= 1, timeout=5)
 
             assert not (cdi_dir / "example.com-gone.json").exists()
             assert not old_gone.exists()
@@ -591,7 +591,7 @@ async def test_another_kind_avoids_a_foreign_file_of_the_same_name(
     cdi = settings(kubelet_dir, cdi_dir, kinds={SERIAL: "vendor.example/tty"})
     async with running_daemon(cdi, [scanner]) as daemon:
         session = await started(kubelet)
-        await eventually(lambda: daemon.cdi_catalog.get(SERIAL) is not None)
+        await daemon.stats.wait_for(lambda s: SERIAL in s.cdi_specs, timeout=5)
         assert spec_on_disk(cdi_dir / "vendor.example-tty.json")["kind"] == "vendor.example/tty"
         (answer,) = await session.allocate(["dev0"])
         assert answer.cdi_devices == (name("dev0", "vendor.example/tty"),)
@@ -659,7 +659,7 @@ async def test_a_failed_write_is_logged_served_around_and_retried(
             session = await started(kubelet, count=100)
             sync = daemon.cdi_sync
             assert sync is not None
-            await eventually(lambda: sync.failures >= 1)
+            await daemon.stats.wait_for(lambda s: s.cdi_failures >= 1, timeout=5)
             failed = [e for e in logs if e["event"] == "cdi.spec.write_failed"]
             assert [(e["resource"], e["log_level"]) for e in failed] == [(SERIAL, "warning")]
             assert failed[0]["reason"].startswith(f"{expected}: ")
@@ -672,7 +672,7 @@ async def test_a_failed_write_is_logged_served_around_and_retried(
 
             # Cleared: the retry (after ~1 s, no rescan needed) writes the spec.
             await faulty.repair()
-            await eventually(lambda: daemon.cdi_catalog.get(SERIAL) is not None, timeout=6)
+            await daemon.stats.wait_for(lambda s: SERIAL in s.cdi_specs, timeout=6)
             assert len(spec_on_disk(faulty.path / SERIAL_SPEC)["devices"]) == 100
             (answer,) = await session.allocate(["dev7"])
             assert answer.cdi_devices == (name("dev7"),) and has_device_specs(answer, "dev7")
@@ -695,7 +695,7 @@ async def test_a_removal_that_fails_is_retried(
             await faulty.make_unwritable()
             scanner.set({SERIAL: devices(1)})
             await daemon.rescan()
-            await eventually(lambda: sync.failures >= 1)
+            await daemon.stats.wait_for(lambda s: s.cdi_failures >= 1, timeout=5)
             assert (faulty.path / OTHER_SPEC).exists()  # could not be removed yet
             failed = [e for e in logs if e["event"] == "cdi.spec.write_failed"]
             assert [e["resource"] for e in failed] == [OTHER]
@@ -717,12 +717,12 @@ async def test_a_resource_that_goes_before_its_spec_could_be_written_is_forgotte
         await started(kubelet, OTHER)
         sync = daemon.cdi_sync
         assert sync is not None
-        await eventually(lambda: sync.failures >= 2)  # both resources
+        await daemon.stats.wait_for(lambda s: s.cdi_failures >= 2, timeout=5)  # both resources
         scanner.set({SERIAL: devices(1)})
         await daemon.rescan()
         await faulty.repair()
         await daemon.rescan()  # a new tree: the CDI task retries at once
-        await eventually(lambda: daemon.cdi_catalog.get(SERIAL) is not None)
+        await daemon.stats.wait_for(lambda s: SERIAL in s.cdi_specs, timeout=5)
         assert visible(faulty.path) == [SERIAL_SPEC]
         assert daemon.cdi_catalog.resources() == [SERIAL]
 
@@ -737,7 +737,7 @@ async def test_a_cdi_dir_that_is_not_a_directory_is_logged_and_served_around(
             session = await started(kubelet)
             sync = daemon.cdi_sync
             assert sync is not None
-            await eventually(lambda: sync.failures >= 1)
+            await daemon.stats.wait_for(lambda s: s.cdi_failures >= 1, timeout=5)
             (answer,) = await session.allocate(["dev0"])
             assert answer.cdi_devices == () and has_device_specs(answer, "dev0")
     reconcile = [e for e in logs if e["event"] == "cdi.reconcile.failed"]
@@ -754,7 +754,7 @@ async def test_a_resource_name_that_is_not_a_kind_gets_one(
     scanner = StaticScanner({resource: devices(1)})
     async with running_daemon(settings(kubelet_dir, cdi_dir), [scanner]) as daemon:
         session = await started(kubelet, resource)
-        await eventually(lambda: daemon.cdi_catalog.get(resource) is not None)
+        await daemon.stats.wait_for(lambda s: resource in s.cdi_specs, timeout=5)
         document = spec_on_disk(cdi_dir / "x3d.example.com-cam.json")
         assert document["kind"] == "x3d.example.com/cam"
         record = await read_record(cdi_dir, "x3d.example.com-cam.json")
@@ -802,7 +802,7 @@ async def test_while_a_spec_is_replaced_only_unchanged_devices_are_named(
     scanner = StaticScanner({SERIAL: devices(3)})
     async with running_daemon(settings(kubelet_dir, cdi_dir), [scanner]) as daemon:
         await started(kubelet)
-        await eventually(lambda: daemon.cdi_catalog.get(SERIAL) is not None)
+        await daemon.stats.wait_for(lambda s: SERIAL in s.cdi_specs, timeout=5)
 
         async def observing(self: cdi_sync.CdiSync, *args: Any) -> Any:
             entry = daemon.cdi_catalog.get(SERIAL)  # what Allocate sees during the write
@@ -810,8 +810,7 @@ async def test_while_a_spec_is_replaced_only_unchanged_devices_are_named(
             return await real(self, *args)
 
         monkeypatch.setattr(cdi_sync.CdiSync, "_carry_out", observing)
-        assert daemon.manager is not None
-        current = daemon.manager.servers[SERIAL].devices.value
+        current = daemon.servers.servers[SERIAL].devices.value
         # dev0 keeps its very DeviceInfo, dev1 changes, dev2 goes.
         changed = {"dev0": current["dev0"], "dev1": DeviceInfo(nodes=(DeviceNode("/dev/ttyY1"),))}
         scanner.set({SERIAL: changed})
@@ -835,12 +834,12 @@ async def test_a_second_daemon_on_the_same_dirs_leaves_the_first_ones_specs(
     with structlog.testing.capture_logs() as logs:
         async with running_daemon(config, [StaticScanner({SERIAL: devices(2)})]) as first:
             session = await started(kubelet)
-            await eventually(lambda: first.cdi_catalog.get(SERIAL) is not None)
+            await first.stats.wait_for(lambda s: SERIAL in s.cdi_specs, timeout=5)
             before = stamp(cdi_dir / SERIAL_SPEC)
             async with running_daemon(config, [StaticScanner({SERIAL: devices(2)})]) as second:
                 sync = second.cdi_sync
                 assert sync is not None
-                await eventually(lambda: sync.failures >= 1)
+                await second.stats.wait_for(lambda s: s.cdi_failures >= 1, timeout=5)
                 assert second.cdi_catalog.get(SERIAL) is None  # not its spec: named nowhere
             # The second one stopped: the first one's spec is as it was, and still named.
             assert stamp(cdi_dir / SERIAL_SPEC) == before
@@ -862,15 +861,15 @@ async def test_a_daemon_takes_over_a_spec_the_other_one_lets_go(
     config = settings(kubelet_dir, cdi_dir)
     async with running_daemon(config, [StaticScanner({SERIAL: devices(2)})]) as first:
         await started(kubelet)
-        await eventually(lambda: first.cdi_catalog.get(SERIAL) is not None)
+        await first.stats.wait_for(lambda s: SERIAL in s.cdi_specs, timeout=5)
         async with running_daemon(config, [StaticScanner({SERIAL: devices(3)})]) as second:
             sync = second.cdi_sync
             assert sync is not None
-            await eventually(lambda: sync.failures >= 1)
+            await second.stats.wait_for(lambda s: s.cdi_failures >= 1, timeout=5)
             first.request_stop()  # the first one stops: its spec goes with it...
             # ...and the second one notices at once (a dir watch, no periodic resync) and
             # writes its own.
-            await eventually(lambda: second.cdi_catalog.get(SERIAL) is not None, timeout=1)
+            await second.stats.wait_for(lambda s: SERIAL in s.cdi_specs, timeout=1)
             names = [d["name"] for d in spec_on_disk(cdi_dir / SERIAL_SPEC)["devices"]]
             assert names == ["dev0", "dev1", "dev2"]
             record = await read_record(cdi_dir, SERIAL_SPEC)
@@ -887,7 +886,7 @@ async def test_a_spec_deleted_behind_the_daemons_back_is_written_again_at_once(
             await started(kubelet)
             sync = daemon.cdi_sync
             assert sync is not None
-            await eventually(lambda: daemon.cdi_catalog.get(SERIAL) is not None)
+            await daemon.stats.wait_for(lambda s: SERIAL in s.cdi_specs, timeout=5)
             first = (cdi_dir / SERIAL_SPEC).read_bytes()
             writes = sync.writes
             (cdi_dir / SERIAL_SPEC).unlink()
@@ -919,7 +918,7 @@ async def test_odd_files_in_the_cdi_dir_do_not_stop_the_daemon(
         settings(kubelet_dir, cdi_dir), [StaticScanner({SERIAL: devices(1)})]
     ) as daemon:
         session = await started(kubelet)
-        await eventually(lambda: daemon.cdi_catalog.get(SERIAL) is not None)
+        await daemon.stats.wait_for(lambda s: SERIAL in s.cdi_specs, timeout=5)
         (answer,) = await session.allocate(["dev0"])
         assert answer.cdi_devices == (name("dev0"),)
     assert (cdi_dir / "copy.yaml").exists() and (cdi_dir / "deep.json").exists()
@@ -931,10 +930,10 @@ async def test_a_restart_with_the_same_devices_does_not_rewrite_the_spec(
     config = settings(kubelet_dir, cdi_dir, keep_on_exit=True)
     async with running_daemon(config, [StaticScanner({SERIAL: devices(2)})]) as daemon:
         await started(kubelet)
-        await eventually(lambda: daemon.cdi_catalog.get(SERIAL) is not None)
+        await daemon.stats.wait_for(lambda s: SERIAL in s.cdi_specs, timeout=5)
     before = stamp(cdi_dir / SERIAL_SPEC)
     async with running_daemon(config, [StaticScanner({SERIAL: devices(2)})]) as daemon:
-        await eventually(lambda: daemon.cdi_catalog.get(SERIAL) is not None)
+        await daemon.stats.wait_for(lambda s: SERIAL in s.cdi_specs, timeout=5)
         assert daemon.cdi_sync is not None and daemon.cdi_sync.writes == 0
     assert stamp(cdi_dir / SERIAL_SPEC) == before
 

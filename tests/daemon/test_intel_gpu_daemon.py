@@ -172,14 +172,14 @@ async def test_node_loss_and_unbind_events_make_a_gpu_unhealthy_and_back(
     host.set_driver(paths[DGPU2], None)
     await host.emit_async("unbind", paths[DGPU2])
     await xe.wait_for_update(lambda listed: health(listed)[DGPU2] == "Unhealthy", after=seen)
-    reason = daemon.manager.servers[XE].devices.value[DGPU2].health_reason
+    reason = daemon.servers.servers[XE].devices.value[DGPU2].health_reason
     assert reason == f"no driver is bound to {DGPU2} (was xe)"
 
     seen = len(xe.updates)
     host.set_driver(paths[DGPU2], "xe")
     await host.emit_async("bind", paths[DGPU2])
     await xe.wait_for_update(lambda listed: health(listed)[DGPU2] == "Healthy", after=seen)
-    assert daemon.full_scans == 1  # all of it through incremental rescans
+    assert daemon.stats.value.full_scans == 1  # all of it through incremental rescans
 
 
 async def test_a_renumbered_card_keeps_its_id_and_allocates_its_new_nodes(

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import signal
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import structlog
@@ -49,8 +49,7 @@ async def test_a_good_config_is_applied_and_a_bad_one_refused(
             raise answer
         return answer
 
-    async with running_daemon(settings, [one_device(OLD)]) as daemon:
-        daemon._config_loader = loader
+    async with running_daemon(settings, [one_device(OLD)], config_loader=loader) as daemon:
         old = await kubelet.wait_for_plugin(OLD)
         await old.wait_for_update(lambda listed: set(listed) == {"dev0"})
 
@@ -60,7 +59,7 @@ async def test_a_good_config_is_applied_and_a_bad_one_refused(
             await daemon.rescan()
         (refused,) = [e for e in logs if e["event"] == "config.reload.refused"]
         assert refused["field"] == "scanners.generic[0].resource"
-        assert refused["log_level"] == "error" and daemon.reloads == 0
+        assert refused["log_level"] == "error" and daemon.stats.value.reloads == 0
         assert set(old.latest) == {"dev0"}  # still served
         assert (await old.allocate(["dev0"]))[0].nodes[0].host_path == "/dev/null"
 
@@ -68,12 +67,12 @@ async def test_a_good_config_is_applied_and_a_bad_one_refused(
         new = await kubelet.wait_for_plugin(NEW)
         await new.wait_for_update(lambda listed: set(listed) == {"dev0"})
         await old.wait_for_update(lambda listed: listed == {})  # capacity drops at once
-        assert daemon.reloads == 1
-        assert daemon.manager is not None and set(daemon.manager.servers) == {NEW}
+        assert daemon.stats.value.reloads == 1
+        assert set(daemon.servers.servers) == {NEW}
 
         with structlog.testing.capture_logs() as logs:
             daemon.request_reload()
-            await eventually_true(lambda: daemon.reloads == 2)
+            await daemon.stats.wait_for(lambda s: s.reloads == 2, timeout=5)
         (warning,) = [e for e in logs if e["event"] == "config.reload.needs_restart"]
         assert warning["settings"] == ["kubelet_dir"]
         assert daemon.settings.kubelet_dir == kubelet_dir  # not applied while running
@@ -134,8 +133,8 @@ async def test_a_config_the_host_cannot_be_served_with_is_refused_not_fatal(
         add_intel_gpu(host, f"0000:0{index + 3}:00.0", card=index, render=128 + index)
     settings = daemon_settings(kubelet_dir)
     too_many = IntelGpuScanner(IntelGpuSettings(shared_dev_num=max_shares_per_gpu(2)))
-    async with running_daemon(settings, [one_device(OLD)]) as daemon:
-        daemon._config_loader = lambda: (settings, [too_many])
+    loader = lambda: (settings, [too_many])  # noqa: E731 - one answer
+    async with running_daemon(settings, [one_device(OLD)], config_loader=loader) as daemon:
         old = await kubelet.wait_for_plugin(OLD)
         await old.wait_for_update()
         with structlog.testing.capture_logs() as logs:
@@ -143,5 +142,44 @@ async def test_a_config_the_host_cannot_be_served_with_is_refused_not_fatal(
             await eventually_true(lambda: any(e["event"] == "config.reload.refused" for e in logs))
         (refused,) = [e for e in logs if e["event"] == "config.reload.refused"]
         assert refused["field"] == "scanners.intel_gpu.shared_dev_num"
-        assert daemon.reloads == 0
+        assert daemon.stats.value.reloads == 0
         assert (await old.allocate(["dev0"]))[0].nodes[0].host_path == "/dev/null"
+
+
+class Ordered(StaticScanner):
+    """Prefers the lowest ids, or with ``reverse`` the highest: a policy the default (which
+    keeps the kubelet's order) would not pick."""
+
+    def __init__(self, reverse: bool) -> None:
+        devices = {f"dev{i}": DeviceInfo(nodes=(DeviceNode("/dev/null"),)) for i in range(4)}
+        super().__init__({OLD: devices})
+        self.reverse = reverse
+
+    def preferred_allocation(
+        self,
+        resource: str,
+        available: Sequence[str],
+        must_include: Sequence[str],
+        size: int,
+        devices: Mapping[str, DeviceInfo],
+    ) -> list[str]:
+        return sorted(available, reverse=self.reverse)[:size]
+
+
+async def test_a_reload_rebinds_the_hooks_of_resources_that_stay(
+    kubelet: KubeletSimulator, kubelet_dir: Path
+) -> None:
+    """The resource stays, its scanner is replaced: the servers answer with the new
+    scanner's hooks (they used to keep the first scanner's until the resource went away)."""
+    settings = daemon_settings(kubelet_dir)
+    loader = lambda: (settings, [Ordered(reverse=True)])  # noqa: E731 - one answer
+    async with running_daemon(settings, [Ordered(reverse=False)], config_loader=loader) as daemon:
+        session = await kubelet.wait_for_plugin(OLD)
+        available = ["dev2", "dev0", "dev3", "dev1"]
+        assert await session.preferred(available, 1) == ["dev0"]
+        with structlog.testing.capture_logs() as logs:
+            daemon.request_reload()
+            await daemon.stats.wait_for(lambda s: s.reloads == 1, timeout=5)
+            await daemon.rescan()  # the scan after the reload has published; one more is fine
+        assert await session.preferred(available, 1) == ["dev3"]
+        assert [e["resource"] for e in logs if e["event"] == "server.hooks.rebound"] == [OLD]

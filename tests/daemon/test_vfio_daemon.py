@@ -188,7 +188,7 @@ async def test_unbind_and_bind_events_drive_health_and_allocate(
         lambda listed: health(listed)[A0] == "Unhealthy", after=seen
     )
     assert health(listed) == {A0: "Unhealthy", B: "Healthy", C: "Healthy", D: "Healthy"}
-    info = daemon.manager.servers[X710].devices.value[A0]
+    info = daemon.servers.servers[X710].devices.value[A0]
     assert info.health == Health.UNHEALTHY
     assert "left its VFIO driver" in info.health_reason and A1 in info.health_reason
 
@@ -203,7 +203,7 @@ async def test_unbind_and_bind_events_drive_health_and_allocate(
     # Bound to a host driver instead: still unhealthy, now with that reason.
     host.set_driver(paths[A1], "i40e")
     await host.emit_async("bind", paths[A1])
-    server = daemon.manager.servers[X710]
+    server = daemon.servers.servers[X710]
     async with asyncio.timeout(5):
         while "bound to i40e" not in server.devices.value[A0].health_reason:  # noqa: ASYNC110
             await asyncio.sleep(0.01)

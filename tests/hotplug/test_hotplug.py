@@ -114,8 +114,10 @@ async def test_add_and_remove_events_update_the_list_without_full_scans(
     seen = len(session.updates)
     await emit_removal(host, added.rsplit("/tty/", 1)[0])
     await session.wait_for_update(lambda listed: ids(listed) == {"ttyUSB0"}, after=seen)
-    assert daemon.full_scans == 1  # only the start-up scan: events were handled incrementally
-    assert daemon.incremental_scans >= 2
+    assert (
+        daemon.stats.value.full_scans == 1
+    )  # only the start-up scan: events were handled incrementally
+    assert daemon.stats.value.incremental_scans >= 2
 
 
 async def test_allocate_of_a_removed_device_is_an_error(
@@ -145,14 +147,14 @@ async def test_last_device_removed_sends_an_empty_list_and_the_socket_goes(
     daemon = await daemon_for(hotplug())
     session = await kubelet.wait_for_plugin(RENDER)
     await session.wait_for_update(lambda listed: ids(listed) == {"dri_renderD128"})
-    socket_path = daemon.manager.servers[RENDER].socket_path
+    socket_path = daemon.servers.servers[RENDER].socket_path
     assert socket_path.exists()
 
     await emit_removal(host, gpu)
     await session.wait_for_update(lambda listed: listed == {})
     async with asyncio.timeout(5):
         await session.stream_ended.wait()
-    assert RENDER not in daemon.manager.servers
+    assert RENDER not in daemon.servers.servers
     await eventually(lambda: not socket_path.exists())
     # The other resource is untouched and still served.
     serial = await kubelet.wait_for_plugin(SERIAL)
@@ -196,12 +198,12 @@ async def test_kernel_events_are_read_again_once_udev_has_run(
     tty = add_usb_serial(host, index=1)
     host.set_property(tty, "ID_VENDOR_ID", None)  # the kernel's event comes before udevd's rules
     await host.emit_async("add", tty)
-    await eventually(lambda: daemon.incremental_scans >= 1)
+    await daemon.stats.wait_for(lambda s: s.incremental_scans >= 1, timeout=5)
     assert ids(session.latest) == {"ttyUSB0"}
     # udevd has run its rules; its own event does not reach a daemon on kernel events.
     host.set_property(tty, "ID_VENDOR_ID", "0403")
     await session.wait_for_update(lambda listed: ids(listed) == {"ttyUSB0", "ttyUSB1"})
-    assert daemon.full_scans == 1  # found by the re-read, not by a resync
+    assert daemon.stats.value.full_scans == 1  # found by the re-read, not by a resync
 
 
 async def test_a_device_is_advertised_only_once_its_node_exists(
@@ -214,9 +216,9 @@ async def test_a_device_is_advertised_only_once_its_node_exists(
 
     late = add_usb_serial(host, index=1)
     host.set_node_present(late, False)
-    scans = daemon.incremental_scans
+    scans = daemon.stats.value.incremental_scans
     await host.emit_async("add", late)
-    await eventually(lambda: daemon.incremental_scans > scans)
+    await daemon.stats.wait_for(lambda s: s.incremental_scans > scans, timeout=5)
     before = len(session.updates)
     host.set_node_present(late, True)
     await host.emit_async("change", late)
@@ -237,10 +239,10 @@ async def test_health_goes_both_ways_and_recovery_is_held_down(
 
     async def node(present: bool) -> None:
         """Flip the node and wait until the daemon has rescanned after the event."""
-        scans = daemon.incremental_scans
+        scans = daemon.stats.value.incremental_scans
         host.set_node_present(tty, present)
         await host.emit_async("change", tty)
-        await eventually(lambda: daemon.incremental_scans > scans)
+        await daemon.stats.wait_for(lambda s: s.incremental_scans > scans, timeout=5)
 
     await node(False)
     # The scan is done; its list may still be on its way to the simulator.
@@ -260,7 +262,7 @@ async def test_health_goes_both_ways_and_recovery_is_held_down(
         await node(True)
         await node(False)
     assert len(session.updates) == first_bad + 1
-    assert daemon.manager.tree[SERIAL]["ttyUSB0"].health_reason.startswith("device node")
+    assert daemon.stats.value.advertised[SERIAL]["ttyUSB0"].health_reason.startswith("device node")
     restored_at = time.perf_counter()
     await node(True)
     await session.wait_for_update(
@@ -353,9 +355,9 @@ async def test_a_storm_of_1000_events_ends_with_the_hosts_devices(
     assert sum(calls) > 0
     # Every drm event reached the daemon (pci ones are filtered out by the monitor's filter).
     assert daemon.listener.received == watched
-    assert daemon.full_scans == 1
+    assert daemon.stats.value.full_scans == 1
     # What the events built is what a fresh scan of the host finds, to the last field.
-    assert daemon.manager.tree == GenericScanner.from_config(ENTRIES).scan(UdevSource())
+    assert daemon.stats.value.advertised == GenericScanner.from_config(ENTRIES).scan(UdevSource())
 
 
 class _FailingOpener:
@@ -385,7 +387,7 @@ async def test_without_a_monitor_the_daemon_polls_and_retries_the_monitor(
     # No event is sent: only polling can find this one.
     add_usb_serial(host, index=1)
     await session.wait_for_update(lambda listed: ids(listed) == {"ttyUSB0", "ttyUSB1"})
-    assert daemon.full_scans >= 2
+    assert daemon.stats.value.full_scans >= 2
     assert opener.calls >= 2  # every poll tries the monitor again
 
     # Once the monitor can be opened, the next poll opens it (and scans fully); from then on
@@ -396,7 +398,7 @@ async def test_without_a_monitor_the_daemon_polls_and_retries_the_monitor(
     await emit_removal(host, host.devices[-1])
     await session.wait_for_update(lambda listed: ids(listed) == {"ttyUSB0"}, after=seen)
     # (The full scan after opening may see the removal first; the events follow it.)
-    await eventually(lambda: daemon.incremental_scans >= 1)
+    await daemon.stats.wait_for(lambda s: s.incremental_scans >= 1, timeout=5)
 
 
 class _OverflowingMonitor(UdevMonitor):
@@ -432,7 +434,7 @@ async def test_socket_overflow_leads_to_a_full_rescan(
     _OverflowingMonitor.overflow_next = True
     await host.emit_async("change", host.devices[0])
     await session.wait_for_update(lambda listed: ids(listed) == {"ttyUSB0", "ttyUSB1"})
-    assert daemon.full_scans == 2
+    assert daemon.stats.value.full_scans == 2
     assert daemon.listener.overflows == 1
     assert daemon.listener.active  # overflow is not a reason to stop listening
 
@@ -446,7 +448,7 @@ async def test_a_failing_monitor_is_closed_then_reopened_by_polling(
     await session.wait_for_update(lambda listed: ids(listed) == {"ttyUSB0"})
     _OverflowingMonitor.fail_next = True
     await host.emit_async("change", host.devices[0])
-    await eventually(lambda: daemon.full_scans >= 2)
+    await daemon.stats.wait_for(lambda s: s.full_scans >= 2, timeout=5)
     await eventually(lambda: daemon.listener.active)
     add_usb_serial(host, index=1)
     await host.emit_async("add", host.devices[-1])

@@ -69,3 +69,15 @@ def test_preferred_never_fails_and_skips_unhealthy() -> None:
     assert default_preferred(["a0"], ["a0", "x"], 1, devices) == ["a0", "x"]
     assert default_preferred(["a0"], [], 0, devices) == []
     assert default_preferred(["a0"], [], -3, devices) == []
+
+
+def test_preferred_keeps_ids_it_does_not_know_and_lists_everything_in_id_order() -> None:
+    # Offered ids missing from the devices are the kubelet's business: kept, as NUMA-less.
+    devices = {"b0": numa(1), "a1": numa(0), "a10": numa(0), "a2": numa(0)}
+    offered = ["a10", "b0", "a2", "stale", "a1"]
+    assert default_preferred(offered, [], 2, devices) == ["a1", "a2"]
+    # An answer taking every usable id lists them in natural order, not node by node.
+    assert default_preferred(offered, [], 9, devices) == ["a1", "a2", "a10", "b0", "stale"]
+    assert default_preferred(offered, ["b0"], 9, devices) == ["b0", "a1", "a2", "a10", "stale"]
+    # Not all of them: drawn node by node (b0's node has nothing else; then the biggest).
+    assert default_preferred(offered, ["b0"], 4, devices) == ["b0", "a1", "a2", "a10"]

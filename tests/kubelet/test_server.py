@@ -213,7 +213,7 @@ async def test_kubelet_missing_at_start_is_waited_for(kubelet_dir: Path) -> None
     scanner = StaticScanner({SERIAL: devices(1)})
     async with running_daemon(daemon_settings(kubelet_dir), [scanner]) as daemon:
         await asyncio.sleep(0.2)
-        server = daemon.manager.servers[SERIAL] if daemon.manager else None
+        server = daemon.servers.servers.get(SERIAL)
         assert server is not None and not server.registered.is_set()
         async with KubeletSimulator(kubelet_dir) as kubelet:
             session = await kubelet.wait_for_plugin(SERIAL)
@@ -279,8 +279,7 @@ async def test_stale_socket_is_replaced_but_a_live_one_is_not_stolen(
         second = StaticScanner({SERIAL: devices(5)})
         async with running_daemon(daemon_settings(kubelet_dir), [second]) as other:
             await asyncio.sleep(0.3)
-            assert other.manager is not None
-            assert not other.manager.servers[SERIAL].registered.is_set()
+            assert not other.servers.servers[SERIAL].registered.is_set()
             (answer,) = await session.allocate(["dev0"])
             assert [n.host_path for n in answer.nodes] == ["/dev/ttyX0"]
         assert socket_path.exists()

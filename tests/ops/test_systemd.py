@@ -20,7 +20,7 @@ import pytest
 
 from devplug.daemon import Daemon
 from devplug.model import DeviceInfo, DeviceNode
-from devplug.ops.systemd import SystemdNotifier
+from devplug.ops.systemd import SENT_KEPT, SystemdNotifier
 from devplug.testing import KubeletSimulator, daemon_process, daemon_settings
 from devplug.testing.harness import StaticScanner
 
@@ -168,7 +168,7 @@ def test_outside_systemd_nothing_is_sent() -> None:
     notifier = SystemdNotifier({})
     assert not notifier.enabled and notifier.watchdog_s is None
     notifier.notify("READY=1")
-    assert notifier.sent == []
+    assert list(notifier.sent) == []
 
 
 async def test_devplug_run_notifies_systemd(
@@ -189,3 +189,16 @@ async def test_devplug_run_notifies_systemd(
         process.terminate()
         rest = await messages_until(notify_socket, "STOPPING=1")
         assert rest[-1] == "STOPPING=1\nSTATUS=stopping"
+
+
+def test_the_messages_kept_are_bounded(notify_socket: socket.socket) -> None:
+    """A watchdog ping every few seconds for the daemon's whole life must not grow memory."""
+    notifier = SystemdNotifier({"NOTIFY_SOCKET": notify_socket.getsockname()})
+    try:
+        for number in range(SENT_KEPT * 3):
+            notifier.notify(f"STATUS={number}")
+            notify_socket.recv(4096)
+        assert len(notifier.sent) == SENT_KEPT
+        assert notifier.sent[-1] == f"STATUS={SENT_KEPT * 3 - 1}"
+    finally:
+        notifier.close()

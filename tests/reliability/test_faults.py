@@ -680,7 +680,7 @@ async def test_no_cdi_name_is_sent_for_a_spec_that_was_deleted(
     async with running_daemon(daemon_settings(kubelet_dir), [scanner]) as daemon:
         session = await kubelet.wait_for_plugin(SERIAL)
         await session.wait_for_update()
-        await eventually(lambda: daemon.cdi_catalog.get(SERIAL) is not None)
+        await daemon.stats.wait_for(lambda s: SERIAL in s.cdi_specs, timeout=5)
         shutil.rmtree(spec.parent)
         (answer,) = await session.allocate(["dev0"])
         # Every name sent must resolve when the runtime looks it up.

@@ -734,7 +734,6 @@ async def assert_serving_normally(
     ListAndWatch work; no fuzzing stream is left open."""
     assert not daemon_task().done()
     assert sorted(r.resource for r in kubelet.registrations if r.accepted) == sorted(RESOURCES)
-    assert daemon.manager is not None
     for resource, session in sessions.items():
         assert kubelet.sessions[resource] is session
         assert not session.stream_ended.is_set(), session.stream_error
@@ -746,7 +745,7 @@ async def assert_serving_normally(
         message = await first_message(session.stub.ListAndWatch(pb.Empty(), timeout=CALL_TIMEOUT_S))
         assert message is not None
         assert {d.ID for d in message.devices} == set(TREES[resource])
-        servicer = daemon.manager.servers[resource].servicer
+        servicer = daemon.servers.servers[resource].servicer
         async with asyncio.timeout(5):
             while servicer.active_streams != 1:  # noqa: ASYNC110 - a counter, no event for 1
                 await asyncio.sleep(0.01)

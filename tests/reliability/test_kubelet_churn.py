@@ -90,7 +90,6 @@ async def test_an_in_process_daemon_keeps_its_tasks_through_kubelet_restarts(
         for _ in range(scaled(10, 100)):
             await restart_and_wait(kubelet, "dev0")
         tasks_after = await settle(lambda: len(asyncio.all_tasks()))
-        assert daemon.manager is not None
-        server = daemon.manager.servers[RESOURCE]
+        server = daemon.servers.servers[RESOURCE]
         assert server.registered.is_set()
     assert tasks_after == tasks_before

@@ -23,6 +23,7 @@ from devplug.scanners.intel_gpu import (
     IntelGpuScanner,
     IntelGpuSettings,
 )
+from devplug.scanners.intel_gpu.monitoring import MonitorNodes
 from devplug.scanners.udev import UdevEvent, UdevSource
 from devplug.testing.umockdev import (
     MockNode,
@@ -406,6 +407,52 @@ def test_vfs_going_away_ask_for_a_full_scan_and_the_pf_returns(host: UmockdevHos
     assert tree[I915][address(0x4D)].health is Health.UNHEALTHY
 
 
+def test_sriov_on_an_intel_nic_does_not_force_full_scans(host: UmockdevHost) -> None:
+    add_intel_gpu(host, address(3), card=0, render=128)
+    nic = add_pci_device(
+        host,
+        "0000:18:00.0",
+        vendor="0x8086",
+        device="0x1592",
+        driver="ice",
+        cls="0x020000",
+        extra_attributes={"sriov_numvfs": "2", "sriov_totalvfs": "64"},
+    )
+    vf = add_pci_device(
+        host,
+        "0000:18:01.0",
+        vendor="0x8086",
+        device="0x1889",
+        driver="iavf",
+        cls="0x020000",
+        extra_links={"physfn": "../0000:18:00.0"},
+    )
+    scanner = IntelGpuScanner(IntelGpuSettings(monitoring=True))
+    tree = scanner.scan(UdevSource())
+    batch = [UdevEvent("bind", nic, "pci"), UdevEvent("bind", vf, "pci")]
+    rescanned = scanner.rescan(UdevSource(), tree, batch)
+    assert rescanned == tree  # answered incrementally (None would mean a full scan)
+    # Nothing about the GPUs changed, so the monitoring device is not even re-issued.
+    assert rescanned is not None
+    assert rescanned[MONITORING_RESOURCE][MONITORING_ID] is tree[MONITORING_RESOURCE][MONITORING_ID]
+
+
+def test_a_gpu_vf_still_asks_for_a_full_scan(host: UmockdevHost) -> None:
+    add_intel_gpu(host, address(3), card=0, render=128)
+    scanner = IntelGpuScanner()
+    tree = scanner.scan(UdevSource())
+    # VFs appear: their PCI function first, before any drm minor exists.
+    vf = add_pci_device(
+        host,
+        address(3, 1),
+        vendor="0x8086",
+        device="0x56c0",
+        driver="i915",
+        extra_links={"physfn": f"../{address(3)}"},
+    )
+    assert scanner.rescan(UdevSource(), tree, [UdevEvent("add", vf, "pci")]) is None
+
+
 def test_a_move_asks_for_a_full_scan(host: UmockdevHost) -> None:
     pci = add_intel_gpu(host, address(3), card=0, render=128)
     pair = Pair()
@@ -438,6 +485,25 @@ def test_monitoring_updates_incrementally(host: UmockdevHost) -> None:
     assert list(tree[MONITORING_RESOURCE]) == [MONITORING_ID]
     tree = pair.step(events("remove", host.remove_device(second)))
     assert tree == DeviceTree()
+
+
+def test_monitor_nodes_count_and_keep_natural_order() -> None:
+    nodes = MonitorNodes(["/dev/dri/card10", "/dev/dri/card2", "/dev/dri/renderD128"])
+    nodes.add("/dev/dri/card2")  # a second holder
+    nodes.add("/dev/dri/card1")
+    paths = [n.host_path for n in nodes.device().nodes]
+    assert paths == ["/dev/dri/card1", "/dev/dri/card2", "/dev/dri/card10", "/dev/dri/renderD128"]
+    nodes.discard("/dev/dri/card2")
+    assert "/dev/dri/card2" in [n.host_path for n in nodes.device().nodes]  # still held once
+    nodes.discard("/dev/dri/card2")
+    nodes.discard("/dev/dri/card99")  # never added: no error
+    assert [n.host_path for n in nodes.device().nodes] == [
+        "/dev/dri/card1",
+        "/dev/dri/card10",
+        "/dev/dri/renderD128",
+    ]
+    # The node objects are made once and reused (no re-validation per event).
+    assert nodes.device().nodes[0] is nodes.device().nodes[0]
 
 
 def test_shared_dev_num_3_incrementally(host: UmockdevHost) -> None:

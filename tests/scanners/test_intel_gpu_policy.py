@@ -1,9 +1,12 @@
 """Intel GPU GetPreferredAllocation: the none, balanced and packed policies, by hand.
 
 Every expected answer below is written out from the semantics in ``policy.py``'s docstring,
-and checked twice: through the pure ``preferred_shares`` and through
+and checked through the pure ``preferred_shares`` (GPUs and NUMA nodes given as maps), through
 ``IntelGpuScanner.preferred_allocation`` (which learns each share's GPU from
-``info.sources[0]`` and its NUMA node from ``info.numa_nodes``).
+``info.sources[0]`` and its NUMA node from ``info.numa_nodes``), and through
+``preferred_gpu_shares``, the same policies as configurations of :mod:`devplug.preferred` over
+the devices, which must answer exactly as the scanner does. The mechanism itself is tested in
+``tests/test_preferred.py``.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ import pytest
 
 from devplug.model import DeviceInfo, Health
 from devplug.scanners.intel_gpu import MONITORING_RESOURCE, IntelGpuScanner, IntelGpuSettings
-from devplug.scanners.intel_gpu.policy import preferred_shares
+from devplug.scanners.intel_gpu.policy import preferred_gpu_shares, preferred_shares
 from devplug.scanners.intel_gpu.settings import AllocationPolicy
 
 FIELD = "scanners.intel_gpu"
@@ -83,9 +86,11 @@ def allocate(
     size: int,
     devices: Mapping[str, DeviceInfo],
 ) -> list[str]:
-    return now(
+    answer = now(
         scanner(policy).preferred_allocation(RESOURCE, available, must_include, size, devices)
     )
+    assert preferred_gpu_shares(policy, available, must_include, size, devices) == answer
+    return answer
 
 
 def both(
@@ -609,3 +614,4 @@ async def test_large_answer_matches_the_pure_function_and_keeps_invariants() -> 
         got = list(await answer)
         check_answer(got, healthy, must, 1500)
         assert got == preferred_shares(policy, healthy, must, 1500, host.gpu_of, host.numa_of)
+        assert got == preferred_gpu_shares(policy, offered, must, 1500, host.devices())

@@ -1,9 +1,11 @@
-"""``scanners.intel_gpu``: defaults, every bad setting named with its field, and the size guard."""
+"""``scanners.intel_gpu``: defaults, every bad setting named with its field, and the check that
+refuses a ``shared_dev_num`` the kubelet's 4 MiB list limit cannot take (for one GPU at config
+load, for the host at the first scan)."""
 
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -14,10 +16,21 @@ from devplug.config import load_settings
 from devplug.errors import ConfigError
 from devplug.model import DeviceInfo, Health
 from devplug.scanners.intel_gpu import IntelGpuScanner, IntelGpuSettings, ListTooLargeError
-from devplug.scanners.intel_gpu.entry import GpuEntry as _Entry
-from devplug.scanners.intel_gpu.settings import max_shares_per_gpu, share_bytes
+from devplug.scanners.intel_gpu.entry import GpuEntry, entry_sizes
+from devplug.scanners.intel_gpu.settings import (
+    ResourceSize,
+    max_shares_per_gpu,
+    refuse_if_too_big,
+    share_bytes,
+)
 from devplug.scanners.registry import build_scanners
-from devplug.sizing import KUBELET_MAX_RECEIVE_BYTES, WARN_FRACTION, device_entry_bytes
+from devplug.sizing import (
+    KUBELET_MAX_RECEIVE_BYTES,
+    WARN_FRACTION,
+    device_entry_bytes,
+    most_shares,
+    shared_ids_bytes,
+)
 
 FIELD = "scanners.intel_gpu"
 LIMIT = KUBELET_MAX_RECEIVE_BYTES
@@ -213,16 +226,26 @@ def test_max_shares_per_gpu_is_the_largest_that_fits() -> None:
     assert share_bytes(1) == device_entry_bytes("ffff:ff:1f.7", "Unhealthy", (255,))
 
 
-def test_one_gpu_at_the_maximum_passes_the_scanner_size_guard() -> None:
+def test_share_bytes_is_the_shared_sizing_bound() -> None:
+    """The Intel bound is devplug.sizing's, for the longest real address with a NUMA node."""
+    for shares in (1, 2, 999, 20_000):
+        assert share_bytes(shares) == shared_ids_bytes("ffff:ff:1f.7", shares, (255,))
+    for gpus in (1, 2, 7):
+        assert max_shares_per_gpu(gpus) == most_shares(gpus, "ffff:ff:1f.7", (255,))
+    assert most_shares(1, "x", limit=10) == 0  # not even one id fits
+
+
+def test_one_gpu_at_the_maximum_passes_the_start_up_check() -> None:
     most = max_shares_per_gpu()
     scanner = IntelGpuScanner(settings(shared_dev_num=most))
     sick = DeviceInfo(health=Health.UNHEALTHY, numa_nodes=(255,))
     entry = scanner._entry(I915, "ffff:ff:1f.7", sick, frozenset())
-    assert len(entry.ids) == most and entry.list_bytes <= LIMIT
-    scanner._check_sizes({"gpu": entry}, {I915})  # no ListTooLargeError
+    (size,) = entry_sizes([entry]).values()
+    assert len(entry.ids) == most and size.bytes <= LIMIT
+    check({"gpu": entry}, most)  # no ListTooLargeError
 
 
-# ---------------------------------------------------------------------- size guard
+# ---------------------------------------------------------------------- start-up check
 
 SHARES = 20_000
 
@@ -238,17 +261,20 @@ def gpu_bytes(shares: int) -> int:
     return sum(device_entry_bytes(i, "Unhealthy") for i in ids)
 
 
-def advertised(
-    shares: int, gpus: int, resource: str = I915
-) -> tuple[IntelGpuScanner, dict[str, _Entry]]:
+def advertised(shares: int, gpus: int, resource: str = I915) -> dict[str, GpuEntry]:
     scanner = IntelGpuScanner(settings(shared_dev_num=shares))
-    entries: dict[str, _Entry] = {}
+    entries: dict[str, GpuEntry] = {}
     for index in range(gpus):
         info = DeviceInfo(sources=(f"/sys/devices/pci0000:00/{address(index)}",))
         entries[f"/sys/devices/pci0000:00/{address(index)}"] = scanner._entry(
             resource, address(index), info, frozenset()
         )
-    return scanner, entries
+    return entries
+
+
+def check(entries: Mapping[str, GpuEntry], shares: int = SHARES) -> None:
+    """The check the scanner's first scan makes."""
+    refuse_if_too_big(FIELD, shares, entry_sizes(entries.values()))
 
 
 def gpus_for(low: float, high: float, shares: int = SHARES) -> int:
@@ -260,12 +286,12 @@ def gpus_for(low: float, high: float, shares: int = SHARES) -> int:
     raise AssertionError(f"no GPU count lands in [{low}, {high}) x {LIMIT}")
 
 
-def test_entries_cost_what_device_entry_bytes_says() -> None:
-    _, entries = advertised(SHARES, 3)
-    assert all(entry.list_bytes == gpu_bytes(SHARES) for entry in entries.values())
-    _, single = advertised(1, 1)
-    (entry,) = single.values()
-    assert entry.ids == (address(0),) and entry.list_bytes == gpu_bytes(1)
+def test_entries_are_sized_as_the_list_limit_counts_them() -> None:
+    entries = advertised(SHARES, 3)
+    assert entry_sizes(entries.values()) == {I915: (3 * gpu_bytes(SHARES), 3)}
+    (entry,) = advertised(1, 1).values()
+    assert entry.ids == (address(0),)
+    assert entry_sizes([entry])[I915] == ResourceSize(gpu_bytes(1), 1)
     # NUMA nodes are part of each id's entry; health is not: a healthy GPU is counted at the
     # unhealthy size, so that turning unhealthy cannot push a list over the limit.
     scanner = IntelGpuScanner(settings(shared_dev_num=3))
@@ -273,18 +299,21 @@ def test_entries_cost_what_device_entry_bytes_says() -> None:
     well = DeviceInfo(numa_nodes=(1,))
     entry = scanner._entry(I915, address(0), sick, frozenset())
     assert entry.ids == tuple(f"{address(0)}-{i}" for i in range(3))
-    assert entry.list_bytes == sum(device_entry_bytes(i, "Unhealthy", (1,)) for i in entry.ids)
-    assert scanner._entry(I915, address(0), well, frozenset()).list_bytes == entry.list_bytes
-    assert entry.list_bytes > sum(device_entry_bytes(i, "Healthy", (1,)) for i in entry.ids)
+    sized = entry_sizes([entry])[I915].bytes
+    assert sized == sum(device_entry_bytes(i, "Unhealthy", (1,)) for i in entry.ids)
+    assert entry_sizes([scanner._entry(I915, address(0), well, frozenset())])[I915].bytes == sized
+    assert sized > sum(device_entry_bytes(i, "Healthy", (1,)) for i in entry.ids)
+    # Its shares carry one DeviceInfo object: the list limit holds them back as one unit.
+    assert entry.info is sick
 
 
 def test_a_list_over_4_mib_is_refused_with_a_smaller_shared_dev_num() -> None:
     gpus = gpus_for(1.0, 2.0)
-    scanner, entries = advertised(SHARES, gpus)
+    entries = advertised(SHARES, gpus)
     total = gpus * gpu_bytes(SHARES)
     assert total > LIMIT
     with structlog.testing.capture_logs() as logs, pytest.raises(ListTooLargeError) as exc:
-        scanner._check_sizes(entries, {I915})
+        check(entries)
     error = exc.value
     assert isinstance(error, ConfigError)
     assert error.field == "scanners.intel_gpu.shared_dev_num"
@@ -299,69 +328,44 @@ def test_a_list_over_4_mib_is_refused_with_a_smaller_shared_dev_num() -> None:
 @pytest.mark.parametrize("shares", [SHARES, 1000])
 def test_the_suggested_shared_dev_num_fits(shares: int) -> None:
     gpus = gpus_for(1.0, 2.0, shares)
-    scanner, entries = advertised(shares, gpus)
     with pytest.raises(ListTooLargeError) as exc:
-        scanner._check_sizes(entries, {I915})
+        check(advertised(shares, gpus), shares)
     suggested = re.search(r"at most (\d+)", exc.value.message)
     assert suggested is not None
     fits = int(suggested.group(1))
     assert fits < shares
-    smaller, smaller_entries = advertised(fits, gpus)
-    assert sum(e.list_bytes for e in smaller_entries.values()) <= LIMIT
-    smaller._check_sizes(smaller_entries, {I915})
+    smaller = advertised(fits, gpus)
+    assert entry_sizes(smaller.values())[I915].bytes <= LIMIT
+    check(smaller, fits)
 
 
-def test_only_the_named_resources_are_checked() -> None:
-    scanner, entries = advertised(SHARES, gpus_for(1.0, 2.0), XE)
-    scanner._check_sizes(entries, set())
-    scanner._check_sizes(entries, {I915})
+def test_every_resource_is_checked_and_the_first_over_is_named() -> None:
+    over = {
+        f"xe{path}": entry for path, entry in advertised(SHARES, gpus_for(1.0, 2.0), XE).items()
+    }
+    check(advertised(SHARES, 1))  # i915 alone fits
     with pytest.raises(ListTooLargeError, match=XE):
-        scanner._check_sizes(entries, {I915, XE})
+        check({**advertised(SHARES, 1), **over})
+    i915_over = advertised(SHARES, gpus_for(1.0, 2.0))
+    with pytest.raises(ListTooLargeError, match=I915):  # both over: by name, i915 first
+        check({**i915_over, **over})
 
 
 def test_totals_are_per_resource() -> None:
     # Each resource alone is under the limit; together they would not be.
     gpus = gpus_for(0.5, 1.0)
-    scanner, i915 = advertised(SHARES, gpus, I915)
-    _, xe = advertised(SHARES, gpus, XE)
-    entries = {**i915, **{f"xe{path}": entry for path, entry in xe.items()}}
-    assert sum(entry.list_bytes for entry in entries.values()) > LIMIT
-    with structlog.testing.capture_logs():
-        scanner._check_sizes(entries, {I915, XE})
-
-
-def near_events(logs: Iterable[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
-    return [entry for entry in logs if entry["event"] == "intel_gpu.list_near_limit"]
-
-
-def test_a_list_near_the_limit_warns_once() -> None:
-    gpus = gpus_for(WARN_FRACTION, 1.0)
-    scanner, entries = advertised(SHARES, gpus)
-    total = gpus * gpu_bytes(SHARES)
+    i915 = advertised(SHARES, gpus, I915)
+    xe = {f"xe{path}": entry for path, entry in advertised(SHARES, gpus, XE).items()}
+    entries = {**i915, **xe}
+    assert sum(size.bytes for size in entry_sizes(entries.values()).values()) > LIMIT
     with structlog.testing.capture_logs() as logs:
-        scanner._check_sizes(entries, {I915})
-        scanner._check_sizes(entries, {I915})
-    (event,) = near_events(logs)
-    assert event["log_level"] == "warning"
-    assert event["resource"] == I915 and event["bytes"] == total and event["limit"] == LIMIT
-    assert event["hint"] == "lower scanners.intel_gpu.shared_dev_num"
+        check(entries)
+    assert logs == []
 
 
-def test_the_near_limit_warning_comes_back_after_the_list_shrank() -> None:
-    near = gpus_for(WARN_FRACTION, 1.0)
-    scanner, entries = advertised(SHARES, near)
-    below = dict(list(entries.items())[: gpus_for(0.0, WARN_FRACTION)])
+def test_a_list_near_the_limit_is_left_to_the_list_limit() -> None:
+    """The start-up check only refuses; warnings near the limit are the daemon's list limit's
+    (list_limit.near, for every scanner: tests/hotplug/test_list_limit.py)."""
     with structlog.testing.capture_logs() as logs:
-        scanner._check_sizes(entries, {I915})
-        scanner._check_sizes(below, {I915})
-        scanner._check_sizes(below, {I915})
-        scanner._check_sizes(entries, {I915})
-    assert len(near_events(logs)) == 2
-
-
-def test_a_list_below_80_percent_is_quiet() -> None:
-    gpus = gpus_for(0.5, WARN_FRACTION)
-    scanner, entries = advertised(SHARES, gpus)
-    with structlog.testing.capture_logs() as logs:
-        scanner._check_sizes(entries, {I915})
+        check(advertised(SHARES, gpus_for(WARN_FRACTION, 1.0)))
     assert logs == []

@@ -51,6 +51,10 @@ class DirWatcher:
     def _bump(self) -> None:
         self.changes.set(self.changes.value + 1)
 
+    def poke(self) -> None:
+        """Wake every follower to look for itself, as if something changed."""
+        self._bump()
+
     async def run(self) -> None:
         missing_logged = False
         failure_logged: str | None = None

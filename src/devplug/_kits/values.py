@@ -7,10 +7,27 @@ values instead of queueing them, so memory stays bounded however fast devices ch
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
-from typing import Generic, TypeVar
+from collections.abc import AsyncIterator, Callable
+from typing import Generic, Protocol, TypeVar
 
 T = TypeVar("T")
+T_co = TypeVar("T_co", covariant=True)
+
+
+class Watchable(Protocol[T_co]):
+    """A read-only view of a :class:`LatestValue`: what tests and plugin authors await."""
+
+    @property
+    def value(self) -> T_co: ...
+
+    @property
+    def version(self) -> int: ...
+
+    async def wait_for(
+        self, predicate: Callable[[T_co], bool], timeout: float | None = None
+    ) -> T_co: ...
+
+    def as_changed(self) -> AsyncIterator[T_co]: ...
 
 
 class LatestValue(Generic[T]):
@@ -55,6 +72,15 @@ class LatestValue(Generic[T]):
         while self._version == since_version:
             await self._changed.wait()
         return self._version
+
+    async def wait_for(self, predicate: Callable[[T], bool], timeout: float | None = None) -> T:
+        """The first value (the current one included) for which ``predicate`` holds; raises
+        TimeoutError after ``timeout`` seconds (None: no limit)."""
+        async with asyncio.timeout(timeout):
+            async for value in self.as_changed():
+                if predicate(value):
+                    return value
+        raise RuntimeError("closed before the value was reached")
 
     async def as_changed(self) -> AsyncIterator[T]:
         """Yield the current value, then the latest value after each change, until closed."""

@@ -1,4 +1,7 @@
-"""CDI spec model, validation and writer: not implemented yet (the CDI issue builds it).
+"""CDI: spec files that describe each resource's devices to container runtimes.
 
-Devices already carry what the writer will need (nodes, mounts, env, ``CdiEdits``).
+Pure parts (``names``, ``spec``, ``build``) turn a resource's devices into a spec; ``files``,
+``ownership`` and ``store`` put specs on disk as their owner in a dir shared with others;
+``sync`` keeps them in line with the advertised tree; ``catalog`` and ``allocate`` give
+Allocate the CDI names of what is on disk; ``generate`` is ``devplug cdi generate``.
 """

@@ -54,8 +54,10 @@ class CdiResource:
 class CdiCatalog:
     """resource -> what its spec on disk defines; read by Allocate on the event loop."""
 
-    def __init__(self) -> None:
+    def __init__(self, on_change: Callable[[], None] | None = None) -> None:
         self._resources: dict[str, CdiResource] = {}
+        # Told whenever an entry changes (the daemon's stats).
+        self._on_change = on_change
         # Bumped on every change, so cached Allocate answers know when they are stale.
         self.generation = 0
         # Called when Allocate finds a spec gone or replaced behind devplug's back.
@@ -91,3 +93,5 @@ class CdiCatalog:
         else:
             self._resources[resource] = value
         self.generation += 1
+        if self._on_change is not None:
+            self._on_change()

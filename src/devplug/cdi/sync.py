@@ -22,11 +22,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 
 import structlog
 
+from devplug._kits.backoff import Backoff
 from devplug._kits.dirwatch import DirWatcher
 from devplug._kits.values import LatestValue
 from devplug.cdi.build import SpecRenderer
@@ -34,10 +35,11 @@ from devplug.cdi.catalog import CdiCatalog, CdiResource
 from devplug.cdi.files import FileStamp, remove_temp_files, stamp
 from devplug.cdi.names import default_kind, spec_file_name
 from devplug.cdi.ownership import STATE_DIR, OwnerLock, state_dir
+from devplug.cdi.plan import Check, Done, Outcome, Plan, Removal, Write, WrittenSpec
 from devplug.cdi.store import DEFAULT_INSTANCE, SpecHeldError, SpecStore
 from devplug.config import CdiSettings
 from devplug.errors import CdiSpecError
-from devplug.model import DeviceInfo, DeviceTree
+from devplug.model import DeviceTree
 from devplug.scanners.base import Scanner
 
 log = structlog.get_logger("devplug.cdi")
@@ -50,58 +52,6 @@ SETTLE_S = 0.02
 RETRY_MAX_S = 60.0
 
 
-@dataclass(slots=True)
-class _Written:
-    devices: Mapping[str, DeviceInfo] | None  # the device map last turned into this file
-    data: bytes
-    entry: CdiResource
-    stamp: FileStamp | None  # the file as written, to recognise it without reading it
-
-
-@dataclass(frozen=True, slots=True)
-class _Write:
-    renderer: SpecRenderer
-    file_name: str
-    devices: Mapping[str, DeviceInfo]  # the resource's devices now
-
-
-@dataclass(frozen=True, slots=True)
-class _Removal:
-    file_name: str
-    stamp: FileStamp | None  # the file as this daemon wrote it
-
-
-@dataclass(frozen=True, slots=True)
-class _Check:
-    """A spec written before and unchanged since: still there as written, or written again."""
-
-    file_name: str
-    stamp: FileStamp | None
-    data: bytes
-
-
-@dataclass(slots=True)
-class _Plan:
-    """One pass: specs to write, check or remove, decided on the loop (resource -> job)."""
-
-    write: dict[str, _Write] = field(default_factory=dict)
-    remove: dict[str, _Removal] = field(default_factory=dict)
-    forget: set[str] = field(default_factory=set)  # resources whose file another one took
-    verify: dict[str, _Check] = field(default_factory=dict)
-
-
-@dataclass(frozen=True, slots=True)
-class _Done:
-    data: bytes  # the spec's bytes (empty: the resource has no spec)
-    entry: CdiResource | None  # what it defines (None: unchanged, for a check)
-    wrote: bool  # whether the file was written now
-    stamp: FileStamp | None
-
-
-# A job's outcome: done, removed (None), or why it failed.
-_Outcome = _Done | Exception | None
-
-
 def _relevant(name: str) -> bool:
     """Names in the CDI dir whose changes may concern our specs."""
     return (name.endswith(".json") and not name.startswith(".")) or name == STATE_DIR
@@ -109,7 +59,12 @@ def _relevant(name: str) -> bool:
 
 class CdiSync:
     def __init__(
-        self, settings: CdiSettings, catalog: CdiCatalog, instance: str = DEFAULT_INSTANCE
+        self,
+        settings: CdiSettings,
+        catalog: CdiCatalog,
+        instance: str = DEFAULT_INSTANCE,
+        *,
+        on_change: Callable[[], None] | None = None,
     ) -> None:
         self.settings = settings
         self.catalog = catalog
@@ -120,14 +75,16 @@ class CdiSync:
         self.store = SpecStore(self.directory, instance, OwnerLock(self.directory))
         self.watcher = DirWatcher(self.directory, _relevant, "cdi")
         self._tree: LatestValue[DeviceTree | None] = LatestValue(None)
-        self._written: dict[str, _Written] = {}
+        self._written: dict[str, WrittenSpec] = {}
         self._failing: dict[str, str] = {}  # resource -> the reason of its last failure
         self._kind_problems: set[str] = set()
         self._clashes: set[tuple[str, str]] = set()
         self._renderers: dict[str, SpecRenderer] = {}
         catalog.on_stale = self._stale
-        self.writes = 0  # counters for tests and metrics
+        self.writes = 0  # counters for stats and metrics
         self.failures = 0
+        # Told after every pass that recorded something (the daemon's stats).
+        self._on_change = on_change
 
     def submit(self, tree: DeviceTree) -> None:
         """The devices now advertised; the task writes what changed."""
@@ -173,7 +130,7 @@ class CdiSync:
 
     async def _passes(self) -> None:
         """Reconcile at start, then follow the tree; retry failures with back-off."""
-        delay = RETRY_INITIAL_S
+        backoff = Backoff(RETRY_INITIAL_S, RETRY_MAX_S, jitter=False)
         async for tree in self._tree.as_changed():
             if tree is not None:
                 break
@@ -198,9 +155,9 @@ class CdiSync:
                 trouble = True
             timeout: float | None = None
             if self._failing or trouble or not reconciled:
-                timeout, delay = delay, min(delay * 2, RETRY_MAX_S)
+                timeout = backoff.next()
             else:
-                delay = RETRY_INITIAL_S
+                backoff.reset()
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(timeout):
                     await self._tree.wait_changed(version)
@@ -234,8 +191,8 @@ class CdiSync:
             log.info("cdi.temp_files.removed", count=stale_temps)
         return True
 
-    def _plan(self, tree: DeviceTree) -> _Plan:
-        plan = _Plan()
+    def _plan(self, tree: DeviceTree) -> Plan:
+        plan = Plan()
         claimed: dict[str, str] = {}  # spec file name -> the resource it belongs to
         for resource in sorted(tree):
             devices = tree[resource]
@@ -260,15 +217,15 @@ class CdiSync:
             done = self._written.get(resource)
             if done is not None and done.devices is devices and resource not in self._failing:
                 # The same device map as last time: nothing to rebuild, only to check.
-                plan.verify[resource] = _Check(done.entry.file_name, done.stamp, done.data)
+                plan.verify[resource] = Check(done.entry.file_name, done.stamp, done.data)
                 continue
             renderer = self._renderers.get(resource)
             if renderer is None or renderer.kind != kind:
                 renderer = self._renderers[resource] = SpecRenderer(kind)
-            plan.write[resource] = _Write(renderer, file_name, devices)
+            plan.write[resource] = Write(renderer, file_name, devices)
         for resource, done in self._written.items():
             if resource not in tree:
-                plan.remove[resource] = _Removal(done.entry.file_name, done.stamp)
+                plan.remove[resource] = Removal(done.entry.file_name, done.stamp)
             elif claimed.get(done.entry.file_name) != resource:
                 # Its file now belongs to another resource: forget it without deleting it.
                 plan.forget.add(resource)
@@ -311,13 +268,15 @@ class CdiSync:
             self._record(plan, await work, before)
             raise
         self._record(plan, outcomes, before)
+        if self._on_change is not None:
+            self._on_change()
 
     async def _carry_out(
-        self, plan: _Plan, previous: Mapping[str, tuple[bytes, FileStamp | None]]
-    ) -> dict[str, _Outcome]:
+        self, plan: Plan, previous: Mapping[str, tuple[bytes, FileStamp | None]]
+    ) -> dict[str, Outcome]:
         """Build, compare and write specs; remove files. Never raises OSError: each
         resource's failure is its outcome."""
-        outcomes: dict[str, _Outcome] = {}
+        outcomes: dict[str, Outcome] = {}
         try:
             await self.store.prepare()
         except OSError as exc:
@@ -332,7 +291,7 @@ class CdiSync:
                 continue
             try:
                 written = await self.store.write(check.file_name, resource, check.data)
-                outcomes[resource] = _Done(check.data, None, written.changed, written.stamp)
+                outcomes[resource] = Done(check.data, None, written.changed, written.stamp)
             except OSError as exc:
                 outcomes[resource] = exc
         for resource, removal in plan.remove.items():
@@ -344,13 +303,13 @@ class CdiSync:
         return outcomes
 
     async def _write(
-        self, resource: str, job: _Write, previous: tuple[bytes, FileStamp | None] | None
-    ) -> _Done:
+        self, resource: str, job: Write, previous: tuple[bytes, FileStamp | None] | None
+    ) -> Done:
         # Rendering is CPU work (validating thousands of devices on a first render): a thread.
         rendered = await asyncio.to_thread(job.renderer.render, job.devices)
         if rendered is None:
             await self.store.remove(job.file_name)
-            return _Done(b"", None, False, None)
+            return Done(b"", None, False, None)
         entry = CdiResource(job.renderer.kind, job.file_name, rendered.names, job.devices)
         old_data, old_stamp = previous or (None, None)
         if (
@@ -358,14 +317,14 @@ class CdiSync:
             and old_stamp is not None
             and await stamp(self.directory / job.file_name) == old_stamp
         ):
-            return _Done(rendered.data, entry, False, old_stamp)  # still there as written
+            return Done(rendered.data, entry, False, old_stamp)  # still there as written
         written = await self.store.write(job.file_name, resource, rendered.data)
-        return _Done(rendered.data, entry, written.changed, written.stamp)
+        return Done(rendered.data, entry, written.changed, written.stamp)
 
     def _record(
         self,
-        plan: _Plan,
-        outcomes: Mapping[str, _Outcome],
+        plan: Plan,
+        outcomes: Mapping[str, Outcome],
         before: Mapping[str, CdiResource | None],
     ) -> None:
         for resource, outcome in outcomes.items():
@@ -397,7 +356,9 @@ class CdiSync:
                 entry = replace(
                     outcome.entry, path=self.directory / job.file_name, stamp=outcome.stamp
                 )
-                self._written[resource] = _Written(job.devices, outcome.data, entry, outcome.stamp)
+                self._written[resource] = WrittenSpec(
+                    job.devices, outcome.data, entry, outcome.stamp
+                )
                 self.catalog.set(resource, entry)
             if outcome.wrote:
                 self.writes += 1

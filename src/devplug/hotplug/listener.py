@@ -134,6 +134,15 @@ class UeventListener:
         monitor.close()
         self._fd = -1
 
+    def retarget(self, subsystems: frozenset[str] | None, source: MonitorSource | None) -> None:
+        """Listen to ``subsystems`` from ``source`` from now on (a reload). Closed, then opened
+        again when they change: the full scan that follows a reload covers the gap."""
+        if (subsystems, source) == (self.subsystems, self.source):
+            return
+        self.close()
+        self.subsystems, self.source = subsystems, source
+        self.open()
+
     def take(self) -> EventBatch:
         """The events received since the last call (and whether some were lost)."""
         batch = EventBatch(tuple(self._pending.values()), self._overflowed)

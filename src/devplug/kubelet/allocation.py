@@ -10,7 +10,7 @@ from collections.abc import Iterable, Mapping, Sequence
 
 from devplug.errors import AllocationError
 from devplug.model import ContainerAllocation, DeviceInfo, DeviceNode, Mount
-from devplug.naming import natural_key
+from devplug.preferred import PreferredPolicy
 
 # Error messages list at most this many ids, so a huge bogus request cannot produce a huge reply.
 MAX_IDS_IN_MESSAGE = 10
@@ -95,57 +95,21 @@ def default_allocation(
     )
 
 
+# The daemon's default: every id a unit of its own, packed into the tightest NUMA node that
+# fits; an answer that takes every usable id lists them in id order.
+DEFAULT_PREFERRED = PreferredPolicy(all_in_key_order=True)
+
+
 def default_preferred(
     available: Sequence[str],
     must_include: Sequence[str],
     size: int,
     devices: Mapping[str, DeviceInfo],
 ) -> list[str]:
-    """Must-include ids first, then fill from their NUMA node(s), else from one node that fits.
+    """Must-include ids first, then fill from their NUMA node(s), else from one node that fits
+    (the tightest), skipping unhealthy ids (see :mod:`devplug.preferred`).
 
     Never raises: an unsatisfiable request gets the best partial answer (the kubelet fills or
     refuses by itself; an error here would fail pod admission).
     """
-    chosen = list(dict.fromkeys(must_include))
-    remaining = size - len(chosen)
-    if remaining <= 0:
-        return chosen
-    taken = set(chosen)
-    candidates = [
-        i
-        for i in dict.fromkeys(available)
-        if i not in taken and (devices.get(i) is None or devices[i].healthy)
-    ]
-    candidates.sort(key=natural_key)
-    if len(candidates) <= remaining:
-        return chosen + candidates
-
-    def numa_of(device_id: str) -> tuple[int, ...]:
-        info = devices.get(device_id)
-        return info.numa_nodes if info is not None else ()
-
-    groups: dict[tuple[int, ...], list[str]] = {}
-    for device_id in candidates:
-        groups.setdefault(numa_of(device_id), []).append(device_id)
-
-    anchor = {node for device_id in chosen for node in numa_of(device_id)}
-    if anchor:
-        # Same node(s) as the must-include devices first, then the rest by proximity of size.
-        def order(key: tuple[int, ...]) -> tuple[int, int, tuple[int, ...]]:
-            return (0 if set(key) & anchor else 1, -len(groups[key]), key)
-    else:
-        # One node that can hold the whole remainder, the tightest such (packing); otherwise
-        # the biggest groups first, so the answer spans as few nodes as possible.
-        def order(key: tuple[int, ...]) -> tuple[int, int, tuple[int, ...]]:
-            size_of = len(groups[key])
-            if size_of >= remaining:
-                return (0, size_of, key)
-            return (1, -size_of, key)
-
-    for key in sorted(groups, key=order):
-        take = groups[key][:remaining]
-        chosen.extend(take)
-        remaining -= len(take)
-        if remaining == 0:
-            break
-    return chosen
+    return DEFAULT_PREFERRED(available, must_include, size, devices)

@@ -18,7 +18,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import random
 import secrets
 import stat
 import time
@@ -29,6 +28,8 @@ from pathlib import Path
 import grpc
 import structlog
 
+from devplug._kits.backoff import Backoff
+from devplug._kits.problems import ProblemLog
 from devplug._kits.values import LatestValue
 from devplug._proto import deviceplugin_v1beta1_pb2_grpc as pb_grpc
 from devplug.errors import ConfigError
@@ -82,44 +83,8 @@ def socket_path_for(kubelet_dir: Path, resource: str) -> Path:
     )
 
 
-class Backoff:
-    """Exponential back-off with jitter, so many servers do not retry in lock-step."""
-
-    def __init__(self, initial: float, maximum: float) -> None:
-        self.initial = initial
-        self.maximum = maximum
-        self._next = initial
-
-    def reset(self) -> None:
-        self._next = self.initial
-
-    def next(self) -> float:
-        delay = self._next
-        self._next = min(self._next * 2, self.maximum)
-        return delay * random.uniform(0.8, 1.2)
-
-
 class SocketInUseError(Exception):
     """Our socket path is taken by a live socket of another process, or by a non-socket file."""
-
-
-class _Once:
-    """Logs a recurring problem at ``level`` when it first appears or changes, else at debug."""
-
-    def __init__(self) -> None:
-        self._last: str | None = None
-
-    def log(
-        self, logger: structlog.typing.FilteringBoundLogger, event: str, problem: str, **kw: object
-    ) -> None:
-        if problem != self._last:
-            logger.error(event, error=problem, **kw)
-            self._last = problem
-        else:
-            logger.debug(event, error=problem, **kw)
-
-    def clear(self) -> None:
-        self._last = None
 
 
 class ResourceServer:
@@ -154,6 +119,22 @@ class ResourceServer:
         self._kubelet: FileIdentity | None = None
         self._log = log.bind(resource=resource, socket=str(self.socket_path))
 
+    @property
+    def hooks(self) -> object | None:
+        return self.servicer.hooks
+
+    def rebind(self, hooks: object | None) -> None:
+        """Serve with another scanner's hooks (a reload replaced it). When the options the
+        kubelet learned at registration change (PreStartContainer required, say), register
+        again so that it learns the new ones."""
+        before = self.servicer.options
+        self.servicer.bind(hooks)
+        again = self.servicer.options != before and self._kubelet is not None
+        self._log.info("server.hooks.rebound", reregister=again)
+        if again:
+            self._set_unregistered()
+            self.watcher.poke()
+
     def update(self, devices: Mapping[str, DeviceInfo]) -> None:
         """Publish a new device list to every ListAndWatch stream."""
         self.devices.set(devices)
@@ -164,7 +145,7 @@ class ResourceServer:
         retry_at = 0.0
         failed_for: FileIdentity | None = None
         waiting_logged = False
-        listen_problem = _Once()
+        listen_problem = ProblemLog()
         try:
             while True:
                 version = self.watcher.changes.version
@@ -193,16 +174,17 @@ class ResourceServer:
                             await self._ensure_fresh_listener()
                         except (OSError, RuntimeError, SocketInUseError) as exc:
                             delay = backoff.next()
-                            listen_problem.log(
+                            listen_problem.report(
                                 self._log,
                                 "server.listen.failed",
                                 str(exc),
+                                field="error",
                                 retry_in_s=round(delay, 3),
                             )
                             failed_for, retry_at = kubelet, time.monotonic() + delay
                             await self._wait(version, delay)
                             continue
-                        listen_problem.clear()
+                        listen_problem.solved()
                         if await self._register(kubelet):
                             backoff.reset()
                             failed_for = None

@@ -1,15 +1,17 @@
-"""Keeps one ResourceServer per resource of the latest DeviceTree.
+"""Keeps one ResourceServer per resource of the advertised DeviceTree.
 
-``apply(tree)`` diffs the new tree against the current one: a new resource gets a server task
-(named, inside the daemon's TaskGroup, so a crash reaches the supervisor instead of vanishing);
-a changed one gets its new list pushed; a removed one first sends an empty list, then its
-server stops and its socket goes.
+``apply(tree, owners)`` diffs the new tree against the current one: a new resource gets a
+server task (named, inside the daemon's TaskGroup, so a crash reaches the supervisor instead
+of vanishing); a changed one gets its new list pushed; a removed one first sends an empty
+list, then its server stops and its socket goes. A resource whose scanner was replaced (a
+reload) gets the new scanner's hooks.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping
+import contextlib
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,13 +32,13 @@ class _Running:
     task: asyncio.Task[None]
 
 
-class Manager:
+class ResourceServers:
     def __init__(
         self,
         kubelet_dir: Path,
         watcher: KubeletDirWatcher,
-        task_group: asyncio.TaskGroup,
         timing: ServerTiming = DEFAULT_TIMING,
+        *,
         extension: AnswerExtension | None = None,
         events: ServingEvents | None = None,
     ) -> None:
@@ -45,19 +47,43 @@ class Manager:
         self.events = events
         self.watcher = watcher
         self.timing = timing
-        self._task_group = task_group
+        self._task_group: asyncio.TaskGroup | None = None
         self._running: dict[str, _Running] = {}
         self.tree = DeviceTree()
-        self._closed = False
+
+    @contextlib.asynccontextmanager
+    async def serving(self, task_group: asyncio.TaskGroup) -> AsyncIterator[None]:
+        """Servers run as tasks of ``task_group`` during the block; all stop at its end (their
+        sockets are removed)."""
+        self._task_group = task_group
+        try:
+            yield
+        finally:
+            self._task_group = None
+            running, self._running = self._running, {}
+            await asyncio.gather(*(_cancel(r.task) for r in running.values()))
 
     @property
     def servers(self) -> Mapping[str, ResourceServer]:
         return {name: running.server for name, running in self._running.items()}
 
+    def unregistered(self) -> list[str]:
+        """The resources served but not registered with the kubelet (now)."""
+        return sorted(n for n, r in self._running.items() if not r.server.registered.is_set())
+
+    async def wait_registered(self) -> int:
+        """Wait until every resource served now is registered; how many there are."""
+        servers = [r.server for r in self._running.values()]
+        await asyncio.gather(*(server.registered.wait() for server in servers))
+        return len(servers)
+
     async def apply(self, tree: DeviceTree, hooks: Mapping[str, object]) -> None:
         """Bring the servers in line with ``tree``; ``hooks`` maps resource -> its scanner."""
-        if self._closed:
-            return
+        if self._task_group is None:
+            return  # not serving (stopping): nothing may start
+        for name, running in self._running.items():
+            if name in tree and hooks.get(name) is not running.server.hooks:
+                running.server.rebind(hooks.get(name))  # a reload replaced its scanner
         change = diff(self.tree, tree)
         self.tree = tree
         if not change:
@@ -95,12 +121,6 @@ class Manager:
             # Even when cancelled mid-drain (SIGTERM), the server must not outlive its entry.
             self._running.pop(name, None)
             await _cancel(running.task)
-
-    async def shutdown(self) -> None:
-        """Stop every server (their sockets are removed); used on SIGTERM. Final."""
-        self._closed = True
-        running, self._running = self._running, {}
-        await asyncio.gather(*(_cancel(r.task) for r in running.values()))
 
 
 async def _cancel(task: asyncio.Task[None]) -> None:

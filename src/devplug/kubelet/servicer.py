@@ -79,16 +79,9 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
         self.extension = extension
         self.events = events if events is not None else NoServingEvents()
         self.devices = devices
-        self.hooks = hooks
-        self.options = plugin_options(hooks)
-        # Protocol isinstance checks are slow (microseconds each): resolve the hooks once.
-        self._allocator = hooks if isinstance(hooks, Allocator) else None
-        self._post_allocator = hooks if isinstance(hooks, PostAllocator) else None
-        self._preferred_allocator = hooks if isinstance(hooks, PreferredAllocator) else None
-        self._pre_starter = hooks if isinstance(hooks, ContainerPreStarter) else None
+        self.bind(hooks)
         # Default answers per id list, valid for one device snapshot (cleared when it changes).
         self._answers: dict[tuple[str, ...], pb.ContainerAllocateResponse] = {}
-        self._answers_for: tuple[DeviceMap, int] | None = None
         # The ListAndWatch message of the current snapshot, shared by every open stream.
         self._listed: tuple[DeviceMap, pb.ListAndWatchResponse] | None = None
         self._list_builder = ListMessageBuilder()
@@ -96,6 +89,20 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
         self.idle = asyncio.Event()  # set while no ListAndWatch stream is open
         self.idle.set()
         self._log = log.bind(resource=resource)
+
+    _answers_for: tuple[DeviceMap, int] | None = None
+
+    def bind(self, hooks: object | None) -> None:
+        """Serve with ``hooks`` (the resource's scanner) from now on: at start, and when a
+        reload replaces the scanner."""
+        self.hooks = hooks
+        self.options = plugin_options(hooks)
+        # Protocol isinstance checks are slow (microseconds each): resolve the hooks once.
+        self._allocator = hooks if isinstance(hooks, Allocator) else None
+        self._post_allocator = hooks if isinstance(hooks, PostAllocator) else None
+        self._preferred_allocator = hooks if isinstance(hooks, PreferredAllocator) else None
+        self._pre_starter = hooks if isinstance(hooks, ContainerPreStarter) else None
+        self._answers_for = None  # cached default answers were made under the old hooks
 
     async def GetDevicePluginOptions(
         self, request: pb.Empty, context: grpc.aio.ServicerContext[pb.Empty, pb.DevicePluginOptions]

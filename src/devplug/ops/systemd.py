@@ -13,11 +13,15 @@ from __future__ import annotations
 import asyncio
 import os
 import socket
+from collections import deque
 from collections.abc import Mapping
 
 import structlog
 
 log = structlog.get_logger("devplug.systemd")
+
+
+SENT_KEPT = 64
 
 
 class SystemdNotifier:
@@ -30,7 +34,9 @@ class SystemdNotifier:
         self._socket: socket.socket | None = None
         self._failed = False
         self.watchdog_s = _watchdog_period(environ)
-        self.sent: list[str] = []  # for tests and the daemon's own status
+        # The last messages sent, for tests and status (bounded: a watchdog ping goes every
+        # few seconds for the daemon's whole life).
+        self.sent: deque[str] = deque(maxlen=SENT_KEPT)
 
     @property
     def enabled(self) -> bool:

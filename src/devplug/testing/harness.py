@@ -1,6 +1,6 @@
 """Running the daemon inside a test, and a scanner whose devices the test sets.
 
-``running_daemon`` starts the real daemon (watcher, manager, servers) on the test's event loop
+``running_daemon`` starts the real daemon (watcher, servers, scan loop) on the test's event loop
 with short back-off timings, and stops it on exit, so a test can drive it through a
 :class:`~devplug.testing.simulator.KubeletSimulator`; ``daemon_process`` runs ``devplug run``
 as a child process instead, for tests of the command itself (signals, logs, exit status).
@@ -17,7 +17,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequenc
 from pathlib import Path
 
 from devplug.config import CdiSettings, HotplugSettings, Settings
-from devplug.daemon import Daemon
+from devplug.daemon import ConfigLoader, Daemon
 from devplug.hotplug.listener import MonitorOpener
 from devplug.kubelet.server import ServerTiming
 from devplug.model import DeviceInfo, DeviceTree
@@ -79,12 +79,16 @@ async def running_daemon(
     *,
     timing: ServerTiming = FAST_TIMING,
     monitor_opener: MonitorOpener = UdevMonitor,
+    config_loader: ConfigLoader | None = None,
 ) -> AsyncIterator[Daemon]:
     """Start the daemon, wait for its first scan, yield it; stop it (and check it stopped) after.
 
-    ``monitor_opener`` replaces how the udev monitor is opened (to test its failures).
+    ``monitor_opener`` replaces how the udev monitor is opened (to test its failures);
+    ``config_loader`` is what a reload (``daemon.request_reload()``, SIGHUP) reads.
     """
-    daemon = Daemon(settings, scanners, timing, monitor_opener=monitor_opener)
+    daemon = Daemon(
+        settings, scanners, timing, monitor_opener=monitor_opener, config_loader=config_loader
+    )
     task = asyncio.create_task(daemon.run(), name="devplug-daemon")
     first = asyncio.create_task(daemon.first_scan_done.wait())
     try:

@@ -12,7 +12,7 @@ and records every list. :meth:`KubeletSimulator.restart` does what a kubelet res
 the dir: its socket goes, every socket file but the checkpoint is deleted, ``kubelet.sock``
 comes back.
 
-Plugin authors: see the README's "Testing a scanner" section.
+Plugin authors: see docs/writing-a-scanner.md, which tests a scanner with it.
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
-"""GetPreferredAllocation policies for shared GPUs: pure functions over device ids.
+"""GetPreferredAllocation policies for shared GPUs: devplug's NUMA policy, set up Intel's way.
 
-Intel's semantics, on ids in PCI address order, then share number:
+Intel's semantics, on ids in PCI address order, then share number, with the shares of one
+GPU as a unit (:mod:`devplug.preferred` holds the mechanism):
 
 - ``none``: spread: one share from each distinct GPU first, then fill in order;
 - ``balanced``: repeatedly take a share from the GPU with the most free shares (ties: the
@@ -17,9 +18,11 @@ that cannot be met gets the best partial answer, since an error fails the pod's 
 
 from __future__ import annotations
 
-import heapq
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
 
+from devplug.model import DeviceInfo
+from devplug.preferred import PreferredPolicy, by_first_source, preferred_ids
 from devplug.scanners.intel_gpu.settings import AllocationPolicy
 
 
@@ -37,61 +40,26 @@ def share_order(device_id: str) -> tuple[str, int]:
     return (domain.rjust(8, "0") + colon + rest if colon else head), share
 
 
-def _spread(
-    candidates: Sequence[str], count: int, gpu: Callable[[str], str], used: set[str]
-) -> list[str]:
-    picks: list[str] = []
-    seen = set(used)
-    for device_id in candidates:
-        if len(picks) == count:
-            return picks
-        if gpu(device_id) not in seen:
-            seen.add(gpu(device_id))
-            picks.append(device_id)
-    chosen = set(picks)
-    picks.extend(i for i in candidates if i not in chosen)
-    return picks[:count]
+# Each policy as devplug's: the fill within a NUMA node, and which node when several fit.
+# A share's GPU is its first source (the PCI function); ids the scanner does not advertise
+# (any more) are left to the kubelet.
+_GPU = PreferredPolicy(unit=by_first_source, key=share_order, keep_unknown=False)
+POLICIES: Mapping[AllocationPolicy, PreferredPolicy] = {
+    "none": replace(_GPU, fill="spread", nodes="roomiest"),
+    "balanced": replace(_GPU, fill="balanced", nodes="roomiest"),
+    "packed": replace(_GPU, fill="packed", nodes="tightest"),
+}
 
 
-def _balanced(candidates: Sequence[str], count: int, gpu: Callable[[str], str]) -> list[str]:
-    shares: dict[str, list[str]] = {}
-    for device_id in candidates:
-        shares.setdefault(gpu(device_id), []).append(device_id)
-    # (-free shares, position of the GPU in order): the most free first, ties in order.
-    heap = [(-len(ids), position, key) for position, (key, ids) in enumerate(shares.items())]
-    heapq.heapify(heap)
-    taken = dict.fromkeys(shares, 0)
-    picks: list[str] = []
-    while heap and len(picks) < count:
-        free, position, key = heapq.heappop(heap)
-        picks.append(shares[key][taken[key]])
-        taken[key] += 1
-        if free + 1 < 0:
-            heapq.heappush(heap, (free + 1, position, key))
-    return picks
-
-
-def _packed(
-    candidates: Sequence[str], count: int, gpu: Callable[[str], str], used: set[str]
-) -> list[str]:
-    # GPUs that already hold must-include shares first: packing fills them before new ones.
-    ordered = sorted(candidates, key=lambda i: gpu(i) not in used)
-    return list(ordered[:count])
-
-
-def pick(
+def preferred_gpu_shares(
     policy: AllocationPolicy,
-    candidates: Sequence[str],
-    count: int,
-    gpu: Callable[[str], str],
-    used: set[str],
+    available: Sequence[str],
+    must_include: Sequence[str],
+    size: int,
+    devices: Mapping[str, DeviceInfo],
 ) -> list[str]:
-    """``count`` ids from ``candidates`` (in :func:`share_order`) by ``policy``."""
-    if policy == "packed":
-        return _packed(candidates, count, gpu, used)
-    if policy == "balanced":
-        return _balanced(candidates, count, gpu)
-    return _spread(candidates, count, gpu, used)
+    """The scanner's answer: ``policy`` over the advertised, healthy ``available`` shares."""
+    return POLICIES[policy](available, must_include, size, devices)
 
 
 def preferred_shares(
@@ -104,50 +72,17 @@ def preferred_shares(
 ) -> list[str]:
     """The preferred ids: ``must_include`` first, then ``size`` in all, by policy and NUMA.
 
-    ``gpu_of`` maps an id to its GPU (ids missing there count as a GPU of their own);
-    ``numa_of`` to its NUMA nodes.
+    Every id in ``available`` may be picked. ``gpu_of`` maps an id to its GPU (ids missing
+    there count as a GPU of their own); ``numa_of`` to its NUMA nodes.
     """
-
-    def gpu(device_id: str) -> str:
-        return gpu_of.get(device_id, device_id)
-
-    chosen = list(dict.fromkeys(must_include))
-    remaining = size - len(chosen)
-    if remaining <= 0:
-        return chosen
-    taken = set(chosen)
-    candidates = sorted((i for i in dict.fromkeys(available) if i not in taken), key=share_order)
-    used = {gpu(i) for i in chosen}
-    groups: dict[tuple[int, ...], list[str]] = {}
-    for device_id in candidates:
-        groups.setdefault(numa_of.get(device_id, ()), []).append(device_id)
-    for key in _numa_order(
-        policy, groups, remaining, {n for i in chosen for n in numa_of.get(i, ())}
-    ):
-        picks = pick(policy, groups[key], remaining, gpu, used)
-        chosen.extend(picks)
-        used.update(gpu(i) for i in picks)
-        remaining -= len(picks)
-        if remaining <= 0:
-            break
-    return chosen
-
-
-def _numa_order(
-    policy: AllocationPolicy,
-    groups: Mapping[tuple[int, ...], list[str]],
-    remaining: int,
-    anchor: set[int],
-) -> list[tuple[int, ...]]:
-    """The order to draw NUMA groups in: one that can hold the rest first, then the biggest."""
-
-    def order(key: tuple[int, ...]) -> tuple[int, int, tuple[int, ...]]:
-        size = len(groups[key])
-        if anchor:
-            return (0 if anchor & set(key) else 1, -size, key)
-        if size >= remaining:
-            # Packing keeps big nodes free for big requests; spreading takes the roomiest.
-            return (0, size if policy == "packed" else -size, key)
-        return (1, -size, key)
-
-    return sorted(groups, key=order)
+    setup = POLICIES[policy]
+    return preferred_ids(
+        available,
+        must_include,
+        size,
+        fill=setup.fill,
+        nodes=setup.nodes,
+        numa_of=lambda device_id: numa_of.get(device_id, ()),
+        unit_of=lambda device_id: gpu_of.get(device_id, device_id),
+        key=share_order,
+    )

@@ -9,6 +9,11 @@ Health, decided at every scan: a GPU already advertised whose card or render nod
 whose driver unbound, stays in its resource as Unhealthy with the reason, and becomes Healthy
 when restored. A GPU bound to another driver (say vfio-pci) leaves the resource, as does one
 whose PCI function is gone. A GPU is first advertised only once its card node exists.
+
+The kubelet's 4 MiB ListAndWatch limit: a host whose lists would not fit is refused at the
+first scan, naming ``shared_dev_num`` (a configuration check, see :mod:`.settings`). After
+that, GPUs that would push a list over are the daemon's list limit's to hold back, as for
+every scanner: a GPU's shares share one DeviceInfo, so they wait together.
 """
 
 from __future__ import annotations
@@ -31,7 +36,6 @@ from devplug.model import (
 )
 from devplug.naming import natural_key
 from devplug.scanners.incremental import PathIndex
-from devplug.scanners.intel_gpu.budget import ListBudget
 from devplug.scanners.intel_gpu.discovery import (
     BY_PATH_DIR,
     CARD_NAME,
@@ -40,12 +44,11 @@ from devplug.scanners.intel_gpu.discovery import (
     pci_path_of_event,
     read_function,
 )
-from devplug.scanners.intel_gpu.entry import GpuEntry, entry_totals
+from devplug.scanners.intel_gpu.entry import GpuEntry, entry_sizes
 from devplug.scanners.intel_gpu.monitoring import MONITORING_ID, MONITORING_RESOURCE, MonitorNodes
 from devplug.scanners.intel_gpu.policy import preferred_shares, share_order
-from devplug.scanners.intel_gpu.settings import IntelGpuSettings
+from devplug.scanners.intel_gpu.settings import IntelGpuSettings, refuse_if_too_big
 from devplug.scanners.udev import UdevEvent, UdevSource
-from devplug.sizing import device_entry_bytes
 
 log = structlog.get_logger("devplug.scanners.intel_gpu")
 
@@ -72,9 +75,6 @@ class IntelGpuScanner:
         self._sriov_paths: set[str] = set()
         # Both of the above, sorted, to find what an event touches without sorting per event.
         self._known = PathIndex()
-        # resource -> (ListAndWatch bytes, GPUs), kept up to date by rescans.
-        self._totals: dict[str, tuple[int, int]] = {}
-        self._budget = ListBudget(field, self.settings.shared_dev_num)
         self._monitor = MonitorNodes()
         # False until a scan succeeded: a host too big for the kubelet's limit is refused then.
         self._scanned = False
@@ -110,12 +110,10 @@ class IntelGpuScanner:
             entry = self._evaluate(function, self._entries.get(path), by_path_dir)
             if entry is not None:
                 entries[path] = entry
-        totals = entry_totals(entries.values())
-        if self._scanned:
-            self._budget.hold_back(entries, self._entries, totals, set(totals))
-            self._budget.warn_if_near(totals)
-        else:
-            self._check_sizes(entries, set(totals))
+        if not self._scanned:
+            refuse_if_too_big(
+                self._field, self.settings.shared_dev_num, entry_sizes(entries.values())
+            )
         builder = DeviceTreeBuilder()
         for entry in sorted(entries.values(), key=lambda e: share_order(e.ids[0])):
             for device_id in entry.ids:
@@ -125,7 +123,6 @@ class IntelGpuScanner:
             builder.add(MONITORING_RESOURCE, MONITORING_ID, monitor.device())
         tree = builder.build()
         self._entries = entries
-        self._totals = totals
         self._monitor = monitor
         self._sriov_paths = {path for path, f in functions.items() if f.sriov_involved}
         self._known = PathIndex(entries.keys() | self._sriov_paths)
@@ -155,15 +152,6 @@ class IntelGpuScanner:
                 entries.pop(path, None)
             else:
                 entries[path] = entry
-        totals = dict(self._totals)
-        for path in paths:
-            for entry, sign in ((self._entries.get(path), -1), (entries.get(path), 1)):
-                if entry is not None:
-                    size, gpus = totals.get(entry.resource, (0, 0))
-                    totals[entry.resource] = (size + sign * entry.list_bytes, gpus + sign)
-        touched = {e.resource for p in paths for e in (self._entries.get(p), entries.get(p)) if e}
-        self._budget.hold_back(entries, self._entries, totals, touched)
-        self._budget.warn_if_near(totals)
         removed = [
             (old.resource, device_id)
             for path in paths
@@ -185,7 +173,6 @@ class IntelGpuScanner:
             elif path not in self._sriov_paths:
                 self._known.discard(path)
         self._entries = entries
-        self._totals = {resource: t for resource, t in totals.items() if t[1] > 0}
         return tree
 
     def _update_monitoring(
@@ -302,9 +289,7 @@ class IntelGpuScanner:
     ) -> GpuEntry:
         shares = self.settings.shared_dev_num
         ids = (address,) if shares == 1 else tuple(f"{address}-{i}" for i in range(shares))
-        # Counted as Unhealthy, the longer word: see GpuEntry.list_bytes.
-        size = sum(device_entry_bytes(i, "Unhealthy", info.numa_nodes) for i in ids)
-        return GpuEntry(resource, ids, info, present, size, expected)
+        return GpuEntry(resource, ids, info, present, expected)
 
     def _mounts(self, function: GpuFunction, by_path_dir: bool) -> tuple[Mount, ...]:
         if self.settings.bypath == "single":
@@ -315,12 +300,6 @@ class IntelGpuScanner:
 
     def _by_path_dir_exists(self) -> bool:
         return self.settings.bypath == "all" and os.path.isdir(BY_PATH_DIR)
-
-    def _check_sizes(self, entries: Mapping[str, GpuEntry], resources: set[str]) -> None:
-        """The start-up check: refuse lists past the kubelet's limit; warn from 80 % of it."""
-        totals = entry_totals(entries.values())
-        self._budget.refuse_if_over(totals, resources)
-        self._budget.warn_if_near(totals)
 
     # ------------------------------------------------------------------ allocation hook
 

@@ -1,15 +1,25 @@
-"""The ``scanners.intel_gpu`` config section, validated with errors that name the fix."""
+"""The ``scanners.intel_gpu`` config section, validated with errors that name the fix.
+
+``shared_dev_num`` multiplies every GPU's ids, so it is also checked against the kubelet's
+4 MiB ListAndWatch limit: a value too big for even one GPU is refused here, and a host with
+too many GPUs for it at the scanner's first scan (:func:`refuse_if_too_big`). Later changes of
+the host are the daemon's list limit's to handle, as for every scanner.
+"""
 
 from __future__ import annotations
 
 import re
-from typing import Any, Literal
+from collections.abc import Mapping
+from typing import Any, Literal, NamedTuple
 
+import structlog
 from pydantic import Field, ValidationError, field_validator
 
 from devplug.config import StrictModel, config_error
 from devplug.errors import ConfigError
-from devplug.sizing import KUBELET_MAX_RECEIVE_BYTES, device_entry_bytes
+from devplug.sizing import KUBELET_MAX_RECEIVE_BYTES, most_shares, shared_ids_bytes
+
+log = structlog.get_logger("devplug.scanners.intel_gpu")
 
 AllocationPolicy = Literal["none", "balanced", "packed"]
 ByPath = Literal["single", "none", "all"]
@@ -18,25 +28,49 @@ _PCI_DEVICE_ID = re.compile(r"^0x[0-9a-f]{4}\Z")
 # The longest id a share can have on a real host, with the longer health word and a NUMA node:
 # what one share costs in the kubelet's ListAndWatch message at most.
 _WORST_ADDRESS = "ffff:ff:1f.7"
+_WORST_NUMA = (255,)
 
 
 def share_bytes(shares: int) -> int:
     """Upper bound of one GPU's ListAndWatch bytes with ``shares`` ids."""
-    suffix = f"-{shares - 1}" if shares > 1 else ""
-    return shares * device_entry_bytes(_WORST_ADDRESS + suffix, "Unhealthy", (255,))
+    return shared_ids_bytes(_WORST_ADDRESS, shares, _WORST_NUMA)
 
 
 def max_shares_per_gpu(gpus: int = 1) -> int:
     """The largest ``shared_dev_num`` whose list surely fits the kubelet's limit with ``gpus``
     GPUs in one resource (0 if not even one id each does)."""
-    low, high = 0, KUBELET_MAX_RECEIVE_BYTES
-    while low < high:
-        middle = (low + high + 1) // 2
-        if max(gpus, 1) * share_bytes(middle) <= KUBELET_MAX_RECEIVE_BYTES:
-            low = middle
-        else:
-            high = middle - 1
-    return low
+    return most_shares(gpus, _WORST_ADDRESS, _WORST_NUMA)
+
+
+class ListTooLargeError(ConfigError):
+    """A resource's ListAndWatch message would exceed the kubelet's receive limit."""
+
+
+class ResourceSize(NamedTuple):
+    """One resource's ListAndWatch bytes (every id counted as Unhealthy) and its GPUs."""
+
+    bytes: int
+    gpus: int
+
+
+def refuse_if_too_big(field: str, shares: int, sizes: Mapping[str, ResourceSize]) -> None:
+    """Raise ListTooLargeError, naming ``<field>.shared_dev_num`` and the largest value that
+    fits, for the first resource (by name) whose list passes the kubelet's limit.
+
+    The scanner's first scan calls this: a host that cannot be served with its config is
+    refused at start-up (exit status 2) or at a reload (the running config stays), rather than
+    served with GPUs held back from the first moment.
+    """
+    for resource, size in sorted(sizes.items()):
+        if size.bytes > KUBELET_MAX_RECEIVE_BYTES:
+            message = (
+                f"{resource}: {size.gpus} GPUs x {shares} ids would make a {size.bytes:,}-byte "
+                f"ListAndWatch message, over the kubelet's {KUBELET_MAX_RECEIVE_BYTES:,}-byte "
+                f"limit; set shared_dev_num to at most {max_shares_per_gpu(size.gpus)}"
+            )
+            # devplug run prints the error on stderr only; this puts it in the log as well.
+            log.error("intel_gpu.list_too_large", field=f"{field}.shared_dev_num", reason=message)
+            raise ListTooLargeError(f"{field}.shared_dev_num", message)
 
 
 class IntelGpuSettings(StrictModel):

@@ -1,0 +1,179 @@
+"""The scan loop: when to scan, and handing each result on.
+
+A full scan at start, then: udev events (read by the listener on the loop) -> incremental
+rescans, coalesced over the burst; the resync period (the poll period while no monitor can
+be opened) -> a full scan; a request (SIGHUP, tests) -> a full scan; a health hold-down that
+ends -> the gate's new view, without a rescan. Nothing wakes the loop otherwise.
+
+Each result goes through the health gate and is handed to ``publish``: the daemon's
+composition passes it to the kubelet front, then to the CDI sync. The loop knows neither.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import gc
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+
+import structlog
+
+from devplug.config import HotplugSettings
+from devplug.hotplug.health import HealthGate
+from devplug.hotplug.listener import EventBatch, MonitorSource, UeventListener
+from devplug.hotplug.scanning import ScanResult, ScanRunner
+from devplug.model import DeviceTree
+from devplug.scanners.base import Scanner
+from devplug.scanners.udev import UdevEvent
+
+log = structlog.get_logger("devplug.hotplug")
+
+# The advertised tree and, per resource, the scanner whose hooks serve it.
+Publisher = Callable[[DeviceTree, Mapping[str, Scanner]], Awaitable[None]]
+# Told of every scan (metrics, stats) and of every batch of events taken.
+ScanObserver = Callable[[ScanResult], None]
+EventObserver = Callable[[EventBatch], None]
+
+
+class ScanLoop:
+    def __init__(
+        self,
+        runner: ScanRunner,
+        listener: UeventListener,
+        health: HealthGate,
+        settings: HotplugSettings,
+        publish: Publisher,
+        *,
+        observe: ScanObserver | None = None,
+        observe_events: EventObserver | None = None,
+        reload: Callable[[], Awaitable[None]] | None = None,
+        freeze_gc: bool = False,
+    ) -> None:
+        self.runner = runner
+        self.listener = listener
+        self.health = health
+        self.settings = settings
+        self._publish = publish
+        self._observe = observe
+        self._observe_events = observe_events
+        self._reload = reload
+        # gc.freeze() is process-wide: the daemon's own process asks for it (cli), tests don't.
+        self.freeze_gc = freeze_gc
+        self.first_scan_done = asyncio.Event()
+        self._lock = asyncio.Lock()
+        self._wake = asyncio.Event()
+        self._full_requested = False
+        self._reload_requested = False
+        self._raw = DeviceTree()
+        self._owners: Mapping[str, Scanner] = {}
+
+    def wake(self) -> None:
+        """Something happened (a udev event): look at once."""
+        self._wake.set()
+
+    def request_scan(self) -> None:
+        """Ask for a full scan now; returns at once."""
+        self._full_requested = True
+        self.wake()
+
+    def request_reload(self) -> None:
+        """Ask for the configuration to be read again (then a full scan); returns at once."""
+        self._reload_requested = True
+        self.request_scan()
+
+    @contextlib.asynccontextmanager
+    async def exclusive(self) -> AsyncIterator[None]:
+        """No scan runs during the block (a reload's trial scan shares the list limit)."""
+        async with self._lock:
+            yield
+
+    def reconfigure(
+        self,
+        runner: ScanRunner,
+        settings: HotplugSettings,
+        subsystems: frozenset[str] | None,
+        source: MonitorSource | None,
+    ) -> None:
+        """A reloaded config's scanners and hotplug settings. The health gate keeps its memory
+        (a device held down stays held down); only its period may change."""
+        self.runner = runner
+        self.settings = settings
+        self.health.hold_down_s = settings.health_hold_down_s
+        self.listener.retarget(subsystems, source)
+
+    async def rescan(self) -> None:
+        """Scan fully now and publish the result (tests, SIGHUP, the periodic resync)."""
+        await self._scan_and_publish(None)
+
+    async def _scan_and_publish(self, events: Sequence[UdevEvent] | None) -> None:
+        """A scan (incremental for ``events``, else full), published."""
+        async with self._lock:
+            result = await self.runner.scan(events)
+            if self._observe is not None:
+                self._observe(result)
+            self._raw, self._owners = result.tree, result.owners
+            await self._publish(self.health.gate(self._raw), self._owners)
+
+    async def _publish_health(self) -> None:
+        """Publish devices whose hold-down ended (no rescan: the scanners' view is current)."""
+        async with self._lock:
+            await self._publish(self.health.gate(self._raw), self._owners)
+
+    def _resync_period(self) -> float:
+        return self.settings.resync_s if self.listener.active else self.settings.poll_s
+
+    async def run(self) -> None:
+        """Full scan, then follow events, periods, requests and deadlines until cancelled.
+
+        The monitor opens before the first scan, so nothing that happens between the scan and
+        the first event read is missed.
+        """
+        loop = asyncio.get_running_loop()
+        self.listener.open()
+        try:
+            await self.rescan()
+            self.first_scan_done.set()
+            if self.freeze_gc:
+                # The first tree and servers are long-lived: keep them out of GC passes.
+                gc.freeze()
+            next_full = loop.time() + self._resync_period()
+            while True:
+                await self._sleep_until(loop.time, next_full)
+                coalesce_s = self.settings.coalesce_ms / 1000  # a reload may change it
+                if self._wake.is_set() and coalesce_s > 0 and not self._full_requested:
+                    # Events come in bursts (a card and its nodes, a driver binding): let the
+                    # burst finish so it costs one rescan.
+                    await asyncio.sleep(coalesce_s)
+                self._wake.clear()
+                batch = self.listener.take()
+                if self._observe_events is not None:
+                    self._observe_events(batch)
+                if self._reload_requested:
+                    self._reload_requested = False
+                    if self._reload is not None:
+                        await self._reload()
+                if self._full_requested or batch.overflowed or loop.time() >= next_full:
+                    self._full_requested = False
+                    if not self.listener.active and loop.time() >= next_full:
+                        # Only at the poll period: a monitor that keeps failing must not turn
+                        # into a loop of full scans.
+                        self.listener.open()
+                    await self.rescan()
+                    next_full = loop.time() + self._resync_period()
+                elif batch.events:
+                    await self._scan_and_publish(batch.events)
+                else:
+                    await self._publish_health()
+        finally:
+            self.listener.close()
+
+    async def _sleep_until(self, now: Callable[[], float], next_full: float) -> None:
+        """Until a wake-up, the next full scan or the next hold-down deadline."""
+        deadline = next_full
+        health_due = self.health.next_deadline()
+        if health_due is not None:
+            # The gate has its own clock: convert its deadline to loop time.
+            deadline = min(deadline, now() + health_due - self.health.now())
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout_at(deadline):
+                await self._wake.wait()
