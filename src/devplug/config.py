@@ -13,7 +13,7 @@ import os
 import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar, Literal, Self
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
@@ -33,6 +33,30 @@ class StrictModel(BaseModel):
     """Frozen, and unknown keys are errors (a typo must not be silently ignored)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class SectionSettings(StrictModel):
+    """A scanner's config section: :meth:`from_raw` validates it with errors naming the field.
+
+    Checks across fields go in :meth:`check_section`, which raises ConfigError.
+    """
+
+    @classmethod
+    def from_raw(cls, raw: Any, field: str) -> Self:
+        """The section ``field`` of the config file (``None`` when it is empty: the defaults)."""
+        if raw is None:
+            raw = {}
+        if not isinstance(raw, dict):
+            raise ConfigError(field, "must be a mapping of settings (or empty for the defaults)")
+        try:
+            settings = cls.model_validate(raw)
+        except ValidationError as exc:
+            raise config_error(exc, field, cls) from None
+        settings.check_section(field)
+        return settings
+
+    def check_section(self, field: str) -> None:
+        """Raise ConfigError for a combination of values the fields alone cannot refuse."""
 
 
 HotplugSource = Literal["auto", "udev", "kernel", "none"]

@@ -13,9 +13,9 @@ from collections.abc import Mapping
 from typing import Any, Literal, NamedTuple
 
 import structlog
-from pydantic import Field, ValidationError, field_validator
+from pydantic import Field, field_validator
 
-from devplug.config import StrictModel, config_error
+from devplug.config import SectionSettings
 from devplug.errors import ConfigError
 from devplug.sizing import KUBELET_MAX_RECEIVE_BYTES, most_shares, shared_ids_bytes
 
@@ -73,7 +73,7 @@ def refuse_if_too_big(field: str, shares: int, sizes: Mapping[str, ResourceSize]
             raise ListTooLargeError(f"{field}.shared_dev_num", message)
 
 
-class IntelGpuSettings(StrictModel):
+class IntelGpuSettings(SectionSettings):
     """Intel GPU scanner settings; names and meanings follow Intel's GPU plugin flags.
 
     ``shared_dev_num``: ids per GPU (``-shared-dev-num``). ``allocation_policy``: how
@@ -106,30 +106,20 @@ class IntelGpuSettings(StrictModel):
             out.append(text)
         return tuple(dict.fromkeys(out))
 
-    @classmethod
-    def from_raw(cls, raw: Any, field: str) -> IntelGpuSettings:
-        if raw is None:
-            raw = {}
-        if not isinstance(raw, dict):
-            raise ConfigError(field, "must be a mapping of settings (or empty for the defaults)")
-        try:
-            settings = cls.model_validate(raw)
-        except ValidationError as exc:
-            raise config_error(exc, field, cls) from None
-        if settings.allow_ids and settings.deny_ids:
+    def check_section(self, field: str) -> None:
+        if self.allow_ids and self.deny_ids:
             raise ConfigError(
                 f"{field}.deny_ids",
                 "allow_ids and deny_ids are mutually exclusive; keep only one of them",
             )
         most = max_shares_per_gpu()
-        if settings.shared_dev_num > most:
+        if self.shared_dev_num > most:
             raise ConfigError(
                 f"{field}.shared_dev_num",
-                f"{settings.shared_dev_num} ids for even one GPU would exceed the kubelet's "
+                f"{self.shared_dev_num} ids for even one GPU would exceed the kubelet's "
                 f"{KUBELET_MAX_RECEIVE_BYTES // (1024 * 1024)} MiB ListAndWatch limit; "
                 f"use at most {most}",
             )
-        return settings
 
     def admits(self, device_id: str | None) -> bool:
         """Whether allow_ids/deny_ids let a GPU with this PCI device id through."""

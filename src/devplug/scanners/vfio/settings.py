@@ -5,9 +5,9 @@ from __future__ import annotations
 import re
 from typing import Any, Literal
 
-from pydantic import StrictBool, ValidationError, field_validator
+from pydantic import StrictBool, field_validator
 
-from devplug.config import StrictModel, config_error
+from devplug.config import SectionSettings, StrictModel
 from devplug.errors import ConfigError
 from devplug.naming import resource_name_problem
 
@@ -40,7 +40,7 @@ class VfioDeviceEntry(StrictModel):
         return value
 
 
-class VfioSettings(StrictModel):
+class VfioSettings(SectionSettings):
     """VFIO scanner settings.
 
     ``drivers``: the drivers that make a function passable to a VM (``vfio-pci`` and vendor
@@ -82,18 +82,9 @@ class VfioSettings(StrictModel):
             )
         return value
 
-    @classmethod
-    def from_raw(cls, raw: Any, field: str) -> VfioSettings:
-        if raw is None:
-            raw = {}
-        if not isinstance(raw, dict):
-            raise ConfigError(field, "must be a mapping of settings (or empty for the defaults)")
-        try:
-            settings = cls.model_validate(raw)
-        except ValidationError as exc:
-            raise config_error(exc, field, cls) from None
+    def check_section(self, field: str) -> None:
         seen: dict[str, int] = {}
-        for index, entry in enumerate(settings.devices):
+        for index, entry in enumerate(self.devices):
             if entry.selector in seen:
                 raise ConfigError(
                     f"{field}.devices[{index}].selector",
@@ -101,7 +92,6 @@ class VfioSettings(StrictModel):
                     "a device can have one resource",
                 )
             seen[entry.selector] = index
-        return settings
 
     def resource_for(self, vendor: str, device: str) -> str | None:
         """The configured resource for ``vendor:device`` (4 lower-case hex digits each)."""
