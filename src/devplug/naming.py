@@ -16,9 +16,11 @@ import re
 from devplug.errors import InvalidNameError
 
 _DNS1123_LABEL = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"
-_DNS1123_SUBDOMAIN = re.compile(rf"^{_DNS1123_LABEL}(\.{_DNS1123_LABEL})*\Z")
-_QUALIFIED_NAME = re.compile(r"^([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]\Z")
-_DEVICE_ID = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9_.:-]*[A-Za-z0-9])?\Z")
+# The patterns are public: the CDI rules (devplug.cdi) use the same ones.
+DNS1123_SUBDOMAIN = re.compile(rf"^{_DNS1123_LABEL}(\.{_DNS1123_LABEL})*\Z")
+QUALIFIED_NAME = re.compile(r"^([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]\Z")
+# The kubelet takes any id; devplug keeps ids to the CDI device-name alphabet.
+DEVICE_ID = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9_.:-]*[A-Za-z0-9])?\Z")
 
 # At least two characters: the CDI library slices name[1:len(name)-1], which panics in Go for
 # a one-character vendor or class.
@@ -44,12 +46,12 @@ def resource_name_problem(name: str) -> str | None:
     domain, _, short = (REQUESTS_PREFIX + name).partition("/")
     if "/" in short:
         return "must contain exactly one '/'"
-    if len(domain) > MAX_SUBDOMAIN or not _DNS1123_SUBDOMAIN.match(domain):
+    if len(domain) > MAX_SUBDOMAIN or not DNS1123_SUBDOMAIN.match(domain):
         return (
             "the domain must be a DNS-1123 subdomain: lower-case alphanumerics, '-' and '.', "
             f"starting and ending with an alphanumeric, at most {MAX_SUBDOMAIN - 9} characters"
         )
-    if len(short) > MAX_NAME or not _QUALIFIED_NAME.match(short):
+    if len(short) > MAX_NAME or not QUALIFIED_NAME.match(short):
         return (
             "the part after '/' must be 1-63 characters of alphanumerics, '-', '_' or '.', "
             "starting and ending with an alphanumeric"
@@ -71,7 +73,7 @@ def device_id_problem(device_id: str) -> str | None:
         return "must not be empty"
     if len(device_id) > MAX_DEVICE_ID:
         return f"must be at most {MAX_DEVICE_ID} characters (the kubelet's limit)"
-    if not _DEVICE_ID.match(device_id):
+    if not DEVICE_ID.match(device_id):
         return (
             "must be alphanumerics, '_', '-', '.' or ':', starting and ending with an "
             "alphanumeric (the CDI device-name alphabet)"

@@ -450,12 +450,13 @@ def test_specs_text_of_no_specs() -> None:
 
 
 def test_specs_text_refuses_an_invalid_spec() -> None:
-    # tree_specs does not validate edits; the hook name is only caught when writing.
+    # The builder validates each device as it makes it: the bad hook never reaches a spec.
     bad_hook = DeviceInfo(cdi_edits=CdiEdits(hooks=(CdiHook("preStart", "/bin/h"),)))
-    specs = tree_specs(DeviceTree({"example.com/xx": {"d0": bad_hook}}), {})
-    assert list(specs) == ["example.com-xx.json"]
     with pytest.raises(CdiSpecError, match="invalid hook name 'preStart'"):
-        specs_text(specs)
+        tree_specs(DeviceTree({"example.com/xx": {"d0": bad_hook}}), {})
+    bad_spec = Spec("example.com/xx", (SpecDevice("d0", device_edits(bad_hook)),))
+    with pytest.raises(CdiSpecError, match="invalid hook name 'preStart'"):
+        specs_text({"example.com-xx.json": ResourceSpec("example.com/xx", bad_spec)})
     with pytest.raises(CdiSpecError, match="no devices"):
         specs_text(
             {"example.com-xx.json": ResourceSpec("example.com/xx", Spec("example.com/xx", ()))}

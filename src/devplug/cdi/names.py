@@ -17,9 +17,8 @@ import hashlib
 import re
 
 from devplug.errors import CdiSpecError
-from devplug.naming import cdi_kind_problem, device_id_problem
+from devplug.naming import DEVICE_ID, cdi_kind_problem, device_id_problem
 
-_DEVICE_NAME = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9_.:-]*[A-Za-z0-9])?\Z")
 _ANNOTATION_NAME = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9_.-]*[A-Za-z0-9])?\Z")
 ANNOTATION_PREFIX = "cdi.k8s.io/"
 MAX_ANNOTATION_NAME = 63
@@ -38,7 +37,7 @@ def device_name_problem(name: str) -> str | None:
     """Why ``name`` is not a valid CDI device name, or None."""
     if not name:
         return "empty device name"
-    if not _DEVICE_NAME.match(name):
+    if not DEVICE_ID.match(name):
         return (
             f"device name {name!r} must start and end with a letter or digit and hold only "
             "letters, digits, '_', '-', '.' and ':'"

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import posixpath
-import re
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -20,6 +19,7 @@ from typing import Any
 
 from devplug.cdi.names import device_name_problem, parse_kind
 from devplug.errors import CdiSpecError
+from devplug.naming import DNS1123_SUBDOMAIN, MAX_NAME, MAX_SUBDOMAIN, QUALIFIED_NAME
 
 # Every version the CDI library knows, oldest first; 0.3.0 is the lowest it computes.
 VERSIONS = ("0.3.0", "0.4.0", "0.5.0", "0.6.0", "0.7.0", "0.8.0", "1.0.0", "1.1.0")
@@ -31,10 +31,6 @@ DEVICE_TYPES = frozenset({"b", "c", "u", "p"})
 # The library's (Kubernetes') limit on the summed length of annotation keys and values.
 MAX_ANNOTATIONS_BYTES = 256 * 1024
 MAX_UINT32 = 2**32 - 1
-_DNS1123_SUBDOMAIN = re.compile(
-    r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*\Z"
-)
-_QUALIFIED_NAME = re.compile(r"^([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]\Z")
 _EMPTY: Mapping[str, str] = MappingProxyType({})
 
 
@@ -174,9 +170,14 @@ def _annotation_problems(annotations: Mapping[str, str], where: str) -> Iterator
         prefix, slash, name = key.lower().rpartition("/")
         if (
             key.count("/") > 1
-            or (slash and (not prefix or len(prefix) > 253 or not _DNS1123_SUBDOMAIN.match(prefix)))
-            or len(name) > 63
-            or not _QUALIFIED_NAME.match(name)
+            or (
+                slash
+                and (
+                    not prefix or len(prefix) > MAX_SUBDOMAIN or not DNS1123_SUBDOMAIN.match(prefix)
+                )
+            )
+            or len(name) > MAX_NAME
+            or not QUALIFIED_NAME.match(name)
         ):
             yield (
                 f"{where}.annotations: invalid key {key!r} "
