@@ -798,18 +798,18 @@ async def test_while_a_spec_is_replaced_only_unchanged_devices_are_named(
     import devplug.cdi.sync as cdi_sync
 
     seen: list[frozenset[str] | None] = []
-    real = cdi_sync.CdiSync._carry_out
+    from devplug.cdi.carry_out import carry_out as real
     scanner = StaticScanner({SERIAL: devices(3)})
     async with running_daemon(settings(kubelet_dir, cdi_dir), [scanner]) as daemon:
         await started(kubelet)
         await daemon.stats.wait_for(lambda s: SERIAL in s.cdi_specs, timeout=5)
 
-        async def observing(self: cdi_sync.CdiSync, *args: Any) -> Any:
+        async def observing(*args: Any) -> Any:
             entry = daemon.cdi_catalog.get(SERIAL)  # what Allocate sees during the write
             seen.append(None if entry is None else entry.names)
-            return await real(self, *args)
+            return await real(*args)
 
-        monkeypatch.setattr(cdi_sync.CdiSync, "_carry_out", observing)
+        monkeypatch.setattr(cdi_sync, "carry_out", observing)
         current = daemon.servers.servers[SERIAL].devices.value
         # dev0 keeps its very DeviceInfo, dev1 changes, dev2 goes.
         changed = {"dev0": current["dev0"], "dev1": DeviceInfo(nodes=(DeviceNode("/dev/ttyY1"),))}

@@ -17,6 +17,7 @@ from pathlib import Path
 import structlog
 from asyncinotify import Inotify, Mask
 
+from devplug._kits.problems import ProblemLog
 from devplug._kits.values import LatestValue
 
 log = structlog.get_logger("devplug.dirwatch")
@@ -56,32 +57,37 @@ class DirWatcher:
         self._bump()
 
     async def run(self) -> None:
-        missing_logged = False
-        failure_logged: str | None = None
+        problems = ProblemLog()
         while True:
             if not self.directory.is_dir():
-                if not missing_logged:
-                    log.warning(f"{self.topic}.dir.missing", dir=str(self.directory))
-                    missing_logged = True
+                problems.report(
+                    log,
+                    f"{self.topic}.dir.missing",
+                    "missing",
+                    key="dir",
+                    level="warning",
+                    field="state",
+                    dir=str(self.directory),
+                )
                 await asyncio.sleep(DIR_POLL_S)
                 continue
-            if missing_logged:
+            if problems.solved("dir"):
                 log.info(f"{self.topic}.dir.found", dir=str(self.directory))
-                missing_logged = False
             try:
                 await self._watch()
-                failure_logged = None
+                problems.solved("watch")
             except OSError as exc:
                 # inotify limits (ENOSPC, EMFILE) must not stop the daemon: poll instead, and
                 # say so once rather than on every retry.
-                if exc.strerror != failure_logged:
-                    log.error(
-                        f"{self.topic}.watch.failed",
-                        dir=str(self.directory),
-                        error=exc.strerror,
-                        fallback=f"stat checks every {DIR_POLL_S}s until a watch can be set",
-                    )
-                    failure_logged = exc.strerror
+                problems.report(
+                    log,
+                    f"{self.topic}.watch.failed",
+                    str(exc.strerror),
+                    key="watch",
+                    field="error",
+                    dir=str(self.directory),
+                    fallback=f"stat checks every {DIR_POLL_S}s until a watch can be set",
+                )
                 await asyncio.sleep(DIR_POLL_S)
                 self._bump()
 

@@ -8,6 +8,7 @@ when it is solved.
 
 from __future__ import annotations
 
+import errno
 from collections.abc import Hashable
 from typing import Any
 
@@ -46,5 +47,16 @@ class ProblemLog:
     def current(self, key: Hashable = None) -> str | None:
         return self._last.get(key)
 
-    def keys(self) -> list[Hashable]:
+    def unsolved(self) -> list[Hashable]:
+        """The keys with a problem, oldest first."""
         return list(self._last)
+
+
+def error_reason(exc: BaseException) -> str:
+    """A short reason for a log: ``"ENOSPC: No space left on device"`` for an OSError."""
+    if not isinstance(exc, OSError):
+        return str(exc)
+    if isinstance(exc, FileExistsError) and exc.strerror:
+        return f"EEXIST: {exc.strerror}"
+    name = errno.errorcode.get(exc.errno or 0, "")
+    return f"{name}: {exc.strerror or exc}" if name else str(exc)

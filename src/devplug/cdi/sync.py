@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import errno
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 
@@ -29,13 +28,15 @@ import structlog
 
 from devplug._kits.backoff import Backoff
 from devplug._kits.dirwatch import DirWatcher
+from devplug._kits.problems import ProblemLog, error_reason
 from devplug._kits.values import LatestValue
 from devplug.cdi.build import SpecRenderer
+from devplug.cdi.carry_out import carry_out
 from devplug.cdi.catalog import CdiCatalog, CdiResource
-from devplug.cdi.files import FileStamp, remove_temp_files, stamp
+from devplug.cdi.files import remove_temp_files
 from devplug.cdi.names import default_kind, spec_file_name
 from devplug.cdi.ownership import STATE_DIR, OwnerLock, state_dir
-from devplug.cdi.plan import Check, Done, Outcome, Plan, Removal, Write, WrittenSpec
+from devplug.cdi.plan import Check, Outcome, Plan, Removal, Write, WrittenSpec
 from devplug.cdi.store import DEFAULT_INSTANCE, SpecHeldError, SpecStore
 from devplug.config import CdiSettings
 from devplug.errors import CdiSpecError
@@ -76,9 +77,9 @@ class CdiSync:
         self.watcher = DirWatcher(self.directory, _relevant, "cdi")
         self._tree: LatestValue[DeviceTree | None] = LatestValue(None)
         self._written: dict[str, WrittenSpec] = {}
-        self._failing: dict[str, str] = {}  # resource -> the reason of its last failure
-        self._kind_problems: set[str] = set()
-        self._clashes: set[tuple[str, str]] = set()
+        self._failing = ProblemLog()  # resource -> the reason of its last failure
+        self._kind_problems = ProblemLog()  # resource -> why it has no valid kind
+        self._clashes = ProblemLog()  # (resource, file name) -> the resource that has the file
         self._renderers: dict[str, SpecRenderer] = {}
         catalog.on_stale = self._stale
         self.writes = 0  # counters for stats and metrics
@@ -103,14 +104,14 @@ class CdiSync:
         try:
             return default_kind(resource)
         except CdiSpecError as exc:
-            if resource not in self._kind_problems:
-                self._kind_problems.add(resource)
-                log.error(
-                    "cdi.kind.invalid",
-                    resource=resource,
-                    reason=str(exc),
-                    fix=f"set cdi.kinds.{resource} to a valid kind",
-                )
+            self._kind_problems.report(
+                log,
+                "cdi.kind.invalid",
+                str(exc),
+                key=resource,
+                resource=resource,
+                fix=f"set cdi.kinds.{resource} to a valid kind",
+            )
             return None
 
     async def run(self) -> None:
@@ -154,7 +155,7 @@ class CdiSync:
                 log.exception("cdi.sync.failed", dir=str(self.directory), retry="with back-off")
                 trouble = True
             timeout: float | None = None
-            if self._failing or trouble or not reconciled:
+            if self._failing.unsolved() or trouble or not reconciled:
                 timeout = backoff.next()
             else:
                 backoff.reset()
@@ -175,7 +176,7 @@ class CdiSync:
             await self.store.remove_dead_locks()
             candidates = await self.store.stale_candidates()
         except OSError as exc:
-            log.warning("cdi.reconcile.failed", dir=str(self.directory), reason=_reason(exc))
+            log.warning("cdi.reconcile.failed", dir=str(self.directory), reason=error_reason(exc))
             return False
         for name in candidates:
             if name in wanted:
@@ -183,7 +184,7 @@ class CdiSync:
             try:
                 resource = await self.store.remove_stale(name)
             except OSError as exc:
-                log.warning("cdi.spec.remove_failed", file=name, reason=_reason(exc))
+                log.warning("cdi.spec.remove_failed", file=name, reason=error_reason(exc))
                 continue
             if resource is not None:
                 log.info("cdi.spec.removed", file=name, resource=resource, reason="stale")
@@ -204,18 +205,20 @@ class CdiSync:
             if owner != resource:
                 # Two kinds, one file (a/b-c and a-b/c), or a configured kind equal to another
                 # resource's: the first resource (by name) keeps the file, the other gets none.
-                if (resource, file_name) not in self._clashes:
-                    self._clashes.add((resource, file_name))
-                    log.error(
-                        "cdi.spec.file_clash",
-                        resource=resource,
-                        file=file_name,
-                        taken_by=owner,
-                        fix=f"set cdi.kinds for {resource} to a kind of its own",
-                    )
+                self._clashes.report(
+                    log,
+                    "cdi.spec.file_clash",
+                    owner,
+                    key=(resource, file_name),
+                    field="taken_by",
+                    resource=resource,
+                    file=file_name,
+                    fix=f"set cdi.kinds for {resource} to a kind of its own",
+                )
                 continue
             done = self._written.get(resource)
-            if done is not None and done.devices is devices and resource not in self._failing:
+            failing = self._failing.current(resource) is not None
+            if done is not None and done.devices is devices and not failing:
                 # The same device map as last time: nothing to rebuild, only to check.
                 plan.verify[resource] = Check(done.entry.file_name, done.stamp, done.data)
                 continue
@@ -229,9 +232,9 @@ class CdiSync:
             elif claimed.get(done.entry.file_name) != resource:
                 # Its file now belongs to another resource: forget it without deleting it.
                 plan.forget.add(resource)
-        for resource in list(self._failing):
-            if resource not in tree and resource not in self._written:
-                del self._failing[resource]  # gone before its spec was ever written
+        for key in self._failing.unsolved():
+            if key not in tree and key not in self._written:
+                self._failing.solved(key)  # gone before its spec was ever written
         for resource in list(self._renderers):
             if resource not in tree:
                 del self._renderers[resource]
@@ -258,7 +261,7 @@ class CdiSync:
             old = before[resource]
             if old is not None:
                 self.catalog.set(resource, old.narrowed_to(job.devices))
-        work = asyncio.ensure_future(self._carry_out(plan, previous))
+        work = asyncio.ensure_future(carry_out(self.store, plan, previous))
         try:
             outcomes = await asyncio.shield(work)
         except asyncio.CancelledError:
@@ -270,56 +273,6 @@ class CdiSync:
         self._record(plan, outcomes, before)
         if self._on_change is not None:
             self._on_change()
-
-    async def _carry_out(
-        self, plan: Plan, previous: Mapping[str, tuple[bytes, FileStamp | None]]
-    ) -> dict[str, Outcome]:
-        """Build, compare and write specs; remove files. Never raises OSError: each
-        resource's failure is its outcome."""
-        outcomes: dict[str, Outcome] = {}
-        try:
-            await self.store.prepare()
-        except OSError as exc:
-            return {r: exc for r in (*plan.write, *plan.verify, *plan.remove)}
-        for resource, job in plan.write.items():
-            try:
-                outcomes[resource] = await self._write(resource, job, previous.get(resource))
-            except (OSError, CdiSpecError) as exc:
-                outcomes[resource] = exc
-        for resource, check in plan.verify.items():
-            if await stamp(self.directory / check.file_name) == check.stamp:
-                continue
-            try:
-                written = await self.store.write(check.file_name, resource, check.data)
-                outcomes[resource] = Done(check.data, None, written.changed, written.stamp)
-            except OSError as exc:
-                outcomes[resource] = exc
-        for resource, removal in plan.remove.items():
-            try:
-                await self.store.remove(removal.file_name, expected=removal.stamp)
-                outcomes[resource] = None
-            except OSError as exc:
-                outcomes[resource] = exc
-        return outcomes
-
-    async def _write(
-        self, resource: str, job: Write, previous: tuple[bytes, FileStamp | None] | None
-    ) -> Done:
-        # Rendering is CPU work (validating thousands of devices on a first render): a thread.
-        rendered = await asyncio.to_thread(job.renderer.render, job.devices)
-        if rendered is None:
-            await self.store.remove(job.file_name)
-            return Done(b"", None, False, None)
-        entry = CdiResource(job.renderer.kind, job.file_name, rendered.names, job.devices)
-        old_data, old_stamp = previous or (None, None)
-        if (
-            old_data == rendered.data
-            and old_stamp is not None
-            and await stamp(self.directory / job.file_name) == old_stamp
-        ):
-            return Done(rendered.data, entry, False, old_stamp)  # still there as written
-        written = await self.store.write(job.file_name, resource, rendered.data)
-        return Done(rendered.data, entry, written.changed, written.stamp)
 
     def _record(
         self,
@@ -335,7 +288,7 @@ class CdiSync:
                 self._written.pop(resource, None)
                 self.catalog.set(resource, None)
                 log.info("cdi.spec.removed", resource=resource, reason="resource gone")
-                self._failing.pop(resource, None)
+                self._failing.solved(resource)
                 continue
             if outcome is None:
                 continue  # unreachable: None is only a removal's outcome
@@ -363,40 +316,41 @@ class CdiSync:
             if outcome.wrote:
                 self.writes += 1
                 log.info("cdi.spec.written", resource=resource, file=job.file_name)
-            if resource in self._failing:
+            if self._failing.solved(resource):
                 log.info("cdi.spec.recovered", resource=resource)
-                del self._failing[resource]
 
     def _record_failure(
         self, resource: str, error: Exception, before: Mapping[str, CdiResource | None]
     ) -> None:
         self.failures += 1
-        reason = _reason(error)
+        reason = error_reason(error)
         if isinstance(error, SpecHeldError):
             # Another running daemon serves this spec (a second `devplug run` on the same
             # dirs, say): leave it to that one; the dir watch says when it lets go.
             self._written.pop(resource, None)
             self.catalog.set(resource, None)
-            if self._failing.get(resource) != reason:
-                log.warning(
-                    "cdi.spec.held_elsewhere",
-                    resource=resource,
-                    dir=str(self.directory),
-                    held_by=error.instance,
-                    reason=reason,
-                    retry="when that daemon lets go; Allocate gives device specs meanwhile",
-                )
-            self._failing[resource] = reason
-            return
-        if self._failing.get(resource) != reason:
-            log.warning(
-                "cdi.spec.write_failed",
+            self._failing.report(
+                log,
+                "cdi.spec.held_elsewhere",
+                reason,
+                key=resource,
+                level="warning",
                 resource=resource,
                 dir=str(self.directory),
-                reason=reason,
-                retry="with back-off; Allocate gives device specs meanwhile",
+                held_by=error.instance,
+                retry="when that daemon lets go; Allocate gives device specs meanwhile",
             )
-        self._failing[resource] = reason
+            return
+        self._failing.report(
+            log,
+            "cdi.spec.write_failed",
+            reason,
+            key=resource,
+            level="warning",
+            resource=resource,
+            dir=str(self.directory),
+            retry="with back-off; Allocate gives device specs meanwhile",
+        )
         if resource in before:
             self.catalog.set(resource, before[resource])  # the old file is still there
 
@@ -411,7 +365,7 @@ class CdiSync:
                         await self.store.remove(done.entry.file_name, expected=done.stamp)
                     except OSError as exc:
                         log.warning(
-                            "cdi.spec.remove_failed", resource=resource, reason=_reason(exc)
+                            "cdi.spec.remove_failed", resource=resource, reason=error_reason(exc)
                         )
                 self._written.clear()
         finally:
@@ -422,12 +376,3 @@ class CdiSync:
 def default_instance(scanners: Sequence[Scanner]) -> str:
     """The instance name of a daemon running ``scanners``: their names, sorted."""
     return ",".join(sorted({scanner.name for scanner in scanners})) or DEFAULT_INSTANCE
-
-
-def _reason(exc: Exception) -> str:
-    if not isinstance(exc, OSError):
-        return str(exc)
-    if isinstance(exc, FileExistsError) and exc.strerror:
-        return f"EEXIST: {exc.strerror}"
-    name = errno.errorcode.get(exc.errno or 0, "")
-    return f"{name}: {exc.strerror or exc}" if name else str(exc)
