@@ -161,6 +161,10 @@ class ContainerAllocation:
         object.__setattr__(self, "cdi_devices", tuple(self.cdi_devices))
 
 
+# One resource's devices: device id -> DeviceInfo.
+DeviceMap = Mapping[str, DeviceInfo]
+
+
 class DeviceTree(Mapping[str, Mapping[str, DeviceInfo]]):
     """resource name -> device id -> DeviceInfo. Immutable; equal when contents are equal.
 

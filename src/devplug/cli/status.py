@@ -19,9 +19,9 @@ import grpc
 
 from devplug._proto import deviceplugin_v1beta1_pb2 as pb
 from devplug._proto import deviceplugin_v1beta1_pb2_grpc as pb_grpc
+from devplug.kubelet.registration import KUBELET_SOCKET
 from devplug.naming import resource_name_problem
 
-KUBELET_SOCKET = "kubelet.sock"
 PROBE_TIMEOUT_S = 3.0
 
 

@@ -26,7 +26,7 @@ from typing import NamedTuple
 
 import structlog
 
-from devplug.model import DeviceInfo, DeviceTree
+from devplug.model import DeviceMap, DeviceTree
 from devplug.naming import NaturalKey, natural_key
 from devplug.sizing import KUBELET_MAX_RECEIVE_BYTES, WARN_FRACTION, counted_entry_bytes
 
@@ -39,8 +39,6 @@ _MOST_BYTES_PER_DEVICE = 96
 _MOST_BYTES_PER_NUMA_NODE = 16
 # Units named in the held-back error; the count says how many there are in all.
 _SHOWN_UNITS = 10
-
-DeviceMap = Mapping[str, DeviceInfo]
 
 
 class Fitted(NamedTuple):

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import inspect
-from collections.abc import AsyncIterator, Awaitable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Sequence
 from typing import Any, TypeVar
 
 import grpc
@@ -24,7 +24,7 @@ from devplug.errors import AllocationError
 from devplug.kubelet.allocation import check_request, default_allocation, default_preferred
 from devplug.kubelet.seams import AnswerExtension, NoServingEvents, ServingEvents
 from devplug.kubelet.wire import ListMessageBuilder, container_response
-from devplug.model import ContainerAllocation, DeviceInfo
+from devplug.model import ContainerAllocation, DeviceMap
 from devplug.scanners.base import Allocator, ContainerPreStarter, PostAllocator, PreferredAllocator
 
 log = structlog.get_logger("devplug.servicer")
@@ -33,7 +33,6 @@ T = TypeVar("T")
 
 _STATUS = {"not_found": grpc.StatusCode.NOT_FOUND, "invalid": grpc.StatusCode.INVALID_ARGUMENT}
 
-DeviceMap = Mapping[str, DeviceInfo]
 
 # Bounds the default-answer cache: a node has at most a few thousand distinct id lists in use.
 MAX_CACHED_ANSWERS = 4096
