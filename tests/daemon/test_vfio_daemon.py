@@ -1,9 +1,11 @@
 """The VFIO scanner served end to end: umockdev IOMMU groups -> daemon -> kubelet simulator.
 
 What a KubeVirt VM pod relies on: one device per IOMMU group with its NUMA node, Allocate
-answering every node of the group and ``PCI_RESOURCE_<RESOURCE>`` with the group's PCI
-addresses (comma-joined over groups, in request order), GetPreferredAllocation packing on a
-NUMA node, bind/unbind events driving health, and the group's CDI spec.
+answering every node of the group and ``PCI_RESOURCE_<RESOURCE>`` with one address per group
+(its requested function, groups in address order), so that virt-launcher, which gives the
+n-th address to the n-th host device of the resource, gives each host device its own group;
+GetPreferredAllocation packing on a NUMA node, bind/unbind events driving health, and the
+group's CDI spec.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from devplug.model import DeviceNode, Health
 from devplug.scanners.vfio import VfioScanner
 from devplug.testing import KubeletSimulator, daemon_settings
 from devplug.testing.harness import DaemonStarter
+from devplug.testing.kubevirt import VirtLauncherError, virt_launcher_assignment
 from devplug.testing.simulator import ListedDevice, SimulatorRpcError
 from devplug.testing.umockdev import (
     UmockdevHost,
@@ -41,6 +44,10 @@ A0, A1 = "0000:3b:00.0", "0000:3b:00.1"
 B = "0000:3c:00.0"
 C = "0000:86:00.0"
 D = "0000:87:00.0"
+
+
+# address -> (IOMMU group, its iommufd device vfioN), as four_groups() builds them.
+LAYOUT = {A0: (40, 0), A1: (40, 1), B: (41, 2), C: (90, 3), D: (91, 4)}
 
 
 def hotplug() -> HotplugSettings:
@@ -116,7 +123,8 @@ async def test_groups_reach_the_kubelet_with_topology_and_allocate_every_node(
 
     (answer,) = await x710.allocate([A0])
     assert answer.nodes == GROUP_A_NODES
-    assert dict(answer.env) == {VARIABLE: f"{A0},{A1}"}
+    # A1's nodes are there (the whole group goes to the container), its address is not.
+    assert dict(answer.env) == {VARIABLE: A0}
     assert answer.mounts == ()
 
     (single,) = await x710.allocate([D])
@@ -131,7 +139,7 @@ async def test_groups_reach_the_kubelet_with_topology_and_allocate_every_node(
     assert refused.value.code == "NOT_FOUND"
 
 
-async def test_two_groups_in_one_container_get_all_addresses_in_request_order(
+async def test_two_groups_in_one_container_get_one_address_each_in_address_order(
     host: UmockdevHost, kubelet: KubeletSimulator, daemon_for: Callable[..., Any]
 ) -> None:
     four_groups(host)
@@ -140,7 +148,7 @@ async def test_two_groups_in_one_container_get_all_addresses_in_request_order(
     await x710.wait_for_update(lambda listed: len(listed) == 4)
 
     (answer,) = await x710.allocate([C, A0])
-    assert dict(answer.env) == {VARIABLE: f"{C},{A0},{A1}"}
+    assert dict(answer.env) == {VARIABLE: f"{A0},{C}"}
     assert answer.nodes == nodes(
         "/dev/vfio/vfio",
         "/dev/vfio/90",
@@ -150,12 +158,60 @@ async def test_two_groups_in_one_container_get_all_addresses_in_request_order(
         "/dev/vfio/devices/vfio0",
         "/dev/vfio/devices/vfio1",
     )
-    # The other order, and two containers that each get their own groups only.
+    # The other order gives the same variable; two containers each get their own groups only.
     (reverse,) = await x710.allocate([A0, C])
-    assert dict(reverse.env) == {VARIABLE: f"{A0},{A1},{C}"}
+    assert dict(reverse.env) == {VARIABLE: f"{A0},{C}"}
     first, second = await x710.allocate([B], [D])
     assert dict(first.env) == {VARIABLE: B}
     assert dict(second.env) == {VARIABLE: D}
+
+
+def opened_by_qemu(address: str, mode: str) -> set[str]:
+    """The nodes QEMU opens in the container to attach the function at ``address``."""
+    group, vfio_dev = LAYOUT[address]
+    if mode == "legacy":
+        return {"/dev/vfio/vfio", f"/dev/vfio/{group}"}
+    return {"/dev/iommu", f"/dev/vfio/devices/vfio{vfio_dev}"}
+
+
+@pytest.mark.parametrize("mode", ["legacy", "iommufd"])
+async def test_virt_launcher_gives_each_host_device_its_own_group(
+    host: UmockdevHost, kubelet: KubeletSimulator, daemon_for: Callable[..., Any], mode: str
+) -> None:
+    """A VM asks for N host devices of a resource, its pod for N units: whatever the groups'
+    shapes, virt-launcher's n-th host device gets the n-th group's requested function, and the
+    container can open it."""
+    four_groups(host)
+    await daemon_for({**SECTION, "mode": mode})
+    x710 = await kubelet.wait_for_plugin(X710)
+    await x710.wait_for_update(lambda listed: len(listed) == 4)
+
+    async def vm_with(units: list[str]) -> tuple[list[str], set[str]]:
+        (answer,) = await x710.allocate(units)
+        assigned = virt_launcher_assignment(dict(answer.env), [X710] * len(units))
+        return assigned, {node.container_path for node in answer.nodes}
+
+    # A single-function group.
+    assigned, paths = await vm_with([D])
+    assert assigned == [D]
+    assert opened_by_qemu(D, mode) <= paths
+    # A multi-function group: the VM gets the requested function; the sibling's nodes are in
+    # the container (its group is the VM's alone), its address takes no host device slot.
+    assigned, paths = await vm_with([A0])
+    assert assigned == [A0]
+    assert opened_by_qemu(A0, mode) | opened_by_qemu(A1, mode) <= paths
+    # Mixed, in the kubelet's (arbitrary) order: three host devices, three groups, the first
+    # host device on the lowest address.
+    assigned, paths = await vm_with([C, A0, B])
+    assert assigned == [A0, B, C]
+    assert set().union(*(opened_by_qemu(a, mode) for a in (A0, A1, B, C))) <= paths
+    # The case that went wrong: two host devices used to get A0 and its sibling A1, never C.
+    assigned, _ = await vm_with([C, A0])
+    assert assigned == [A0, C]
+    # One unit is one host device: a VM asking for more than its pod got does not start.
+    (answer,) = await x710.allocate([A0])
+    with pytest.raises(VirtLauncherError):
+        virt_launcher_assignment(dict(answer.env), [X710, X710])
 
 
 async def test_preferred_allocation_packs_groups_on_the_must_include_numa_node(
@@ -216,7 +272,7 @@ async def test_unbind_and_bind_events_drive_health_and_allocate(
     await x710.wait_for_update(lambda listed: health(listed)[A0] == "Healthy", after=seen)
     (answer,) = await x710.allocate([A0])
     assert answer.nodes == GROUP_A_NODES
-    assert dict(answer.env) == {VARIABLE: f"{A0},{A1}"}
+    assert dict(answer.env) == {VARIABLE: A0}
 
 
 async def test_a_vanished_group_node_is_seen_through_its_change_event(
@@ -271,4 +327,4 @@ async def test_the_cdi_spec_carries_each_groups_nodes_and_allocate_names_it(
 
     (answer,) = await x710.allocate([C, A0])
     assert answer.cdi_devices == (f"{X710}={C}", f"{X710}={A0}")
-    assert dict(answer.env) == {VARIABLE: f"{C},{A0},{A1}"}
+    assert dict(answer.env) == {VARIABLE: f"{A0},{C}"}

@@ -156,7 +156,7 @@ def x710_info(**changes: Any) -> DeviceInfo:
             "/dev/vfio/devices/vfio0",
             "/dev/vfio/devices/vfio1",
         ),
-        "env": {X710_VAR: f"{NIC0},{NIC1}"},
+        "env": {X710_VAR: NIC0},
         "numa_nodes": (0,),
         "sources": (NIC0_PCI, NIC1_PCI),
     }
@@ -230,7 +230,7 @@ def test_a_gpu_and_its_audio_function_on_vfio_are_one_device(host: UmockdevHost)
                         "/dev/vfio/devices/vfio2",
                         "/dev/vfio/devices/vfio3",
                     ),
-                    env={RTX_VAR: f"{GPU},{AUDIO}"},
+                    env={RTX_VAR: GPU},
                     numa_nodes=(1,),
                     sources=(GPU_PCI, AUDIO_PCI),
                 )
@@ -270,7 +270,7 @@ def test_a_reported_group_is_served_once_its_last_function_moves_to_vfio(
     assert list(tree) == [RTX]
     info = tree[RTX][GPU]
     assert info.health == Health.HEALTHY
-    assert info.env == {RTX_VAR: f"{GPU},{AUDIO}"}
+    assert info.env == {RTX_VAR: GPU}
     assert scanner.report() == {SECTION: []}
 
 
@@ -416,7 +416,7 @@ def test_vendor_variant_drivers_are_configurable(host: UmockdevHost) -> None:
     settings = with_x710(drivers=["vfio-pci", "mlx5_vfio_pci"])
     tree, report = scan_and_report(settings)
     assert report == []
-    assert tree[X710][NIC0].env == {X710_VAR: f"{NIC0},{NIC1}"}
+    assert tree[X710][NIC0].env == {X710_VAR: NIC0}
     assert tree[X710][NIC0].health == Health.HEALTHY
 
 
@@ -571,7 +571,8 @@ def test_the_id_is_the_lowest_address_not_the_first_found(host: UmockdevHost) ->
         add_vfio_function(host, address, vendor="0x8086", device="0x1572", group=3)
     tree = scan(with_x710())
     assert list(tree[X710]) == ["0000:5e:00.1"]
-    assert tree[X710]["0000:5e:00.1"].env == {X710_VAR: "0000:5e:00.1,0000:5e:00.2,0000:5e:00.3"}
+    # Every function matches the selector: the first one is the group's requested function.
+    assert tree[X710]["0000:5e:00.1"].env == {X710_VAR: "0000:5e:00.1"}
 
 
 # ------------------------------------------------------------------------ resource names
@@ -583,8 +584,8 @@ def test_selectors_name_resources_and_the_rest_get_default_names(host: UmockdevH
     add_rtx(host)
     tree = scan(with_x710())
     assert sorted(tree) == [X710, RTX]
-    assert tree[X710][NIC0].env == {X710_VAR: f"{NIC0},{NIC1}"}
-    assert tree[RTX][GPU].env == {RTX_VAR: f"{GPU},{AUDIO}"}
+    assert tree[X710][NIC0].env == {X710_VAR: NIC0}
+    assert tree[RTX][GPU].env == {RTX_VAR: GPU}
     # Without selectors both get their default names.
     assert sorted(scan()) == ["vfio.devplug.io/10de_2204", "vfio.devplug.io/8086_1572"]
 
@@ -596,7 +597,7 @@ def test_the_default_domain_is_configurable(host: UmockdevHost) -> None:
     tree = scan(settings)
     assert list(tree) == ["vfio.example.com/10de_2204"]
     assert tree["vfio.example.com/10de_2204"][GPU].env == {
-        "PCI_RESOURCE_VFIO_EXAMPLE_COM_10DE_2204": f"{GPU},{AUDIO}"
+        "PCI_RESOURCE_VFIO_EXAMPLE_COM_10DE_2204": GPU
     }
 
 
@@ -608,9 +609,8 @@ def test_a_selector_for_the_second_function_names_the_group(host: UmockdevHost) 
     )
     tree = scan(settings)
     assert list(tree) == ["nvidia.com/ga102_audio"]
-    assert tree["nvidia.com/ga102_audio"][GPU].env == {
-        "PCI_RESOURCE_NVIDIA_COM_GA102_AUDIO": f"{GPU},{AUDIO}"
-    }
+    # The id stays the group's lowest address; the VM gets the function the selector names.
+    assert tree["nvidia.com/ga102_audio"][GPU].env == {"PCI_RESOURCE_NVIDIA_COM_GA102_AUDIO": AUDIO}
 
 
 def test_kubevirt_variable_names() -> None:
@@ -932,7 +932,7 @@ def test_scan_json_prints_resources_and_unassignable_groups(host: UmockdevHost) 
     (device,) = document["resources"]["vfio.devplug.io/8086_1572"]
     assert device["id"] == NIC0
     assert device["health"] == "Healthy"
-    assert device["env"] == {"PCI_RESOURCE_VFIO_DEVPLUG_IO_8086_1572": f"{NIC0},{NIC1}"}
+    assert device["env"] == {"PCI_RESOURCE_VFIO_DEVPLUG_IO_8086_1572": NIC0}
     assert [n["host_path"] for n in device["device_nodes"]] == [
         "/dev/vfio/vfio",
         "/dev/vfio/40",

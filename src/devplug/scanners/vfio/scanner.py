@@ -1,10 +1,13 @@
 """The VFIO scanner: PCI functions bound to a VFIO driver, served one IOMMU group per device.
 
 A group can only go to one VM, so each device is a group: its id is the lowest PCI address of
-its functions (stable across reboots, unlike the group number), its answer carries every
-node of the group, and ``PCI_RESOURCE_<RESOURCE>`` lists the addresses of its VFIO-bound
-functions, as KubeVirt expects. A group with a function on a host driver (bridges excepted)
-is not assignable: it is reported by ``devplug scan`` with the reason, never advertised.
+its functions (stable across reboots, unlike the group number) and its answer carries every
+node of the group. ``PCI_RESOURCE_<RESOURCE>`` gets one address per group: its requested
+function (see :func:`requested_function`), because virt-launcher gives the n-th address of the
+variable to the n-th host device of the resource; the Allocate answer lists them sorted (see
+:meth:`VfioScanner.post_allocate`). A group with a function on a host driver (bridges
+excepted) is not assignable: it is reported by ``devplug scan`` with the reason, never
+advertised.
 
 Health, at every scan: a group already advertised whose function leaves its VFIO driver
 (unbound, or bound to another driver) or whose nodes vanish stays listed as Unhealthy with
@@ -19,7 +22,14 @@ from typing import Any
 
 import structlog
 
-from devplug.model import DeviceInfo, DeviceNode, DeviceTree, DeviceTreeBuilder, Health
+from devplug.model import (
+    ContainerAllocation,
+    DeviceInfo,
+    DeviceNode,
+    DeviceTree,
+    DeviceTreeBuilder,
+    Health,
+)
 from devplug.scanners.udev import UdevEvent, UdevSource
 from devplug.scanners.vfio.discovery import PciFunction, read_functions
 from devplug.scanners.vfio.settings import VfioSettings
@@ -84,6 +94,29 @@ class VfioScanner:
         if any(_concerns_vfio(event) for event in events):
             return None
         return previous
+
+    def post_allocate(
+        self,
+        resource: str,
+        requests: Sequence[Sequence[str]],
+        answers: Sequence[ContainerAllocation],
+    ) -> Sequence[ContainerAllocation]:
+        """``PCI_RESOURCE_<RESOURCE>`` in address order, whatever the request's order.
+
+        The merged answer lists one address per group in the order the kubelet named the ids,
+        and the kubelet takes them from a set: the same groups could reach a VM's host
+        devices in a different order at every start. Sorted, the first host device of the
+        resource always gets the lowest address.
+        """
+        variable = kubevirt_variable(resource)
+        sorted_answers = []
+        for answer in answers:
+            value = answer.env.get(variable)
+            if value:
+                env = {**answer.env, variable: ",".join(sorted(value.split(",")))}
+                answer = replace(answer, env=env)
+            sorted_answers.append(answer)
+        return sorted_answers
 
     def report(self) -> Mapping[str, object]:
         return {REPORT_SECTION: list(self._unassignable)}
@@ -199,13 +232,15 @@ class VfioScanner:
             return _Entry(resource, info, previous.vfio_functions), None
         addresses = [f.address for f in on_vfio]
         numa = {f.numa_node for f in endpoints if f.numa_node is not None}
+        requested = requested_function(on_vfio, self.settings.selector_for(resource))
         info = DeviceInfo(
             health=Health.UNHEALTHY if problems else Health.HEALTHY,
             health_reason="; ".join(problems),
             nodes=tuple(
                 DeviceNode(node) for node in [*nodes, *present_optional] if node not in missing
             ),
-            env={kubevirt_variable(resource): ",".join(addresses)},
+            # One address per group: its siblings reach the container as nodes only.
+            env={kubevirt_variable(resource): requested.address},
             numa_nodes=tuple(sorted(numa)),
             sources=tuple(f.sys_path for f in members),
         )
@@ -272,6 +307,19 @@ class VfioScanner:
                 return resource
         first = endpoints[0]
         return self.settings.default_resource(first.vendor, first.device)
+
+
+def requested_function(
+    on_vfio: Sequence[PciFunction], selectors: frozenset[str]
+) -> PciFunction:
+    """The function a VM gets when it asks for the group (``on_vfio`` non-empty, in address
+    order): the first one a selector of the group's resource names, else the first one.
+
+    The others stay in the container (the group node or their iommufd nodes) but out of
+    ``PCI_RESOURCE_*``: an address there is a host device slot of its own in virt-launcher,
+    and a sibling taking a slot leaves one of the VM's devices without its group.
+    """
+    return next((f for f in on_vfio if f"{f.vendor}:{f.device}" in selectors), on_vfio[0])
 
 
 def _describe(members: list[PciFunction]) -> str:

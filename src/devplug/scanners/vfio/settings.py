@@ -101,5 +101,9 @@ class VfioSettings(SectionSettings):
                 return entry.resource
         return None
 
+    def selector_for(self, resource: str) -> frozenset[str]:
+        """The selectors (``vendor:device``) mapped to ``resource``."""
+        return frozenset(e.selector for e in self.devices if e.resource == resource)
+
     def default_resource(self, vendor: str, device: str) -> str:
         return f"{self.default_domain}/{vendor}_{device}"
