@@ -5,8 +5,10 @@ arrive, the reader drains them into a pending batch (one entry per sysfs path, t
 action wins) and tells the scan loop, which coalesces for a few milliseconds, takes the batch
 and rescans what it names. Kernel events (used without udevd's) are re-read once more a second
 later, when udevd has applied its rules. When the kernel drops events (ENOBUFS) the batch is marked
-overflowed and the scan loop rescans everything. A monitor that cannot be opened, or that
-fails, is not fatal: the daemon polls instead and tries to open it again at every poll.
+overflowed and the scan loop rescans everything. An event that cannot be read (a DEVPATH that
+is not UTF-8) is skipped and logged; the events read with it are kept. A monitor that cannot
+be opened, or that fails, is not fatal: the daemon polls instead and tries to open it again
+at every poll.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from typing import Literal
 
 import structlog
 
+from devplug._kits.problems import ProblemLog
 from devplug.scanners.udev import UdevEvent, UdevMonitor
 
 log = structlog.get_logger("devplug.events")
@@ -84,9 +87,10 @@ class UeventListener:
         self._recheck: dict[str, tuple[float, UdevEvent]] = {}
         self._recheck_timer: asyncio.TimerHandle | None = None
         self._overflowed = False
-        self._open_failure: str | None = None
+        self._problems = ProblemLog()
         self.received = 0
         self.overflows = 0
+        self.unreadable = 0
 
     @property
     def active(self) -> bool:
@@ -103,18 +107,18 @@ class UeventListener:
             fd = monitor.fileno()
             asyncio.get_running_loop().add_reader(fd, self._on_readable)
         except (OSError, ValueError) as exc:
-            problem = str(exc) or type(exc).__name__
-            if problem != self._open_failure:
-                log.error(
-                    "udev.monitor.unavailable",
-                    source=self.source,
-                    error=problem,
-                    fallback="polling; will retry opening the monitor at every poll",
-                )
-                self._open_failure = problem
+            self._problems.report(
+                log,
+                "udev.monitor.unavailable",
+                str(exc) or type(exc).__name__,
+                key="open",
+                field="error",
+                source=self.source,
+                fallback="polling; will retry opening the monitor at every poll",
+            )
             return False
         self._monitor, self._fd = monitor, fd
-        self._open_failure = None
+        self._problems.solved("open")
         log.info(
             "udev.monitor.listening",
             source=self.source,
@@ -175,6 +179,16 @@ class UeventListener:
                 consequence="events were lost; rescanning everything",
             )
             self._overflowed = True
+        if received.unreadable:
+            self.unreadable += received.unreadable
+            # Once per wake-up at most: a flood of bad events must not flood the log too.
+            log.warning(
+                "udev.event.unreadable",
+                source=self.source,
+                count=received.unreadable,
+                reason="not UTF-8",
+                consequence="skipped; the other events read with it are kept",
+            )
         self.received += len(received.events)
         self._add_pending(received.events)
         if self.source == "kernel" and received.events:

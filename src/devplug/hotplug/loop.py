@@ -3,7 +3,9 @@
 A full scan at start, then: udev events (read by the listener on the loop) -> incremental
 rescans, coalesced over the burst; the resync period (the poll period while no monitor can
 be opened) -> a full scan; a request (SIGHUP, tests) -> a full scan; a health hold-down that
-ends -> the gate's new view, without a rescan. Nothing wakes the loop otherwise.
+ends -> the gate's new view, without a rescan; a scanner that failed -> a full scan again after
+a back-off (0.5 s doubling to 30 s; its previous result is advertised meanwhile). Nothing
+wakes the loop otherwise.
 
 Each result goes through the health gate and is handed to ``publish``: the daemon's
 composition passes it to the kubelet front, then to the CDI sync. The loop knows neither.
@@ -18,6 +20,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequenc
 
 import structlog
 
+from devplug._kits.backoff import Backoff
 from devplug.config import HotplugSettings
 from devplug.hotplug.health import HealthGate
 from devplug.hotplug.listener import EventBatch, MonitorSource, UeventListener
@@ -33,6 +36,10 @@ Publisher = Callable[[DeviceTree, Mapping[str, Scanner]], Awaitable[None]]
 # Told of every scan (metrics, stats) and of every batch of events taken.
 ScanObserver = Callable[[ScanResult], None]
 EventObserver = Callable[[EventBatch], None]
+
+# After a scan in which a scanner failed, the next full scan comes this soon, doubling.
+RETRY_INITIAL_S = 0.5
+RETRY_MAX_S = 30.0
 
 
 class ScanLoop:
@@ -66,6 +73,9 @@ class ScanLoop:
         self._reload_requested = False
         self._raw = DeviceTree()
         self._owners: Mapping[str, Scanner] = {}
+        self._retry = Backoff(RETRY_INITIAL_S, RETRY_MAX_S)
+        # True while the last scan had a failed scanner (a full scan is due after a back-off).
+        self._failing = False
 
     def wake(self) -> None:
         """Something happened (a udev event): look at once."""
@@ -112,6 +122,9 @@ class ScanLoop:
             if self._observe is not None:
                 self._observe(result)
             self._raw, self._owners = result.tree, result.owners
+            self._failing = bool(result.failed)
+            if not self._failing:
+                self._retry.reset()
             await self._publish(self.health.gate(self._raw), self._owners)
 
     async def _publish_health(self) -> None:
@@ -120,7 +133,9 @@ class ScanLoop:
             await self._publish(self.health.gate(self._raw), self._owners)
 
     def _resync_period(self) -> float:
-        return self.settings.resync_s if self.listener.active else self.settings.poll_s
+        """Until the next full scan: soon after a failed one, else the resync (or poll) period."""
+        period = self.settings.resync_s if self.listener.active else self.settings.poll_s
+        return min(period, self._retry.next()) if self._failing else period
 
     async def run(self) -> None:
         """Full scan, then follow events, periods, requests and deadlines until cancelled.
@@ -162,6 +177,8 @@ class ScanLoop:
                     next_full = loop.time() + self._resync_period()
                 elif batch.events:
                     await self._scan_and_publish(batch.events)
+                    if self._failing:
+                        next_full = min(next_full, loop.time() + self._resync_period())
                 else:
                     await self._publish_health()
         finally:

@@ -1,9 +1,13 @@
 """Running scanners off the event loop and merging their trees.
 
 Scanners are synchronous and may take long on big hosts, so a scan runs in a worker thread
-(``asyncio.to_thread``). A scanner that raises keeps its previous result (a transient sysfs
-error must not drop a resource's capacity); the failure is logged with its reason. A
+(``asyncio.to_thread``). A scan error is never "no devices": a scanner that raises, or whose
+source could not be read (out of file descriptors: libudev would have read every device as
+node-less), keeps its previous result; the result names it in ``failed`` so that the scan loop
+retries soon, and the failure is logged when it starts or changes, and when it ends. A
 ConfigError from a scanner's first scan is raised: the host cannot be served as configured.
+A device that cannot be read (text that is not UTF-8, a node name libudev cannot take) is
+skipped by its scanner, and logged with its sysfs path; the others are served.
 
 After udev events every scanner runs: an
 :class:`~devplug.scanners.base.IncrementalScanner` updates its previous tree from the events
@@ -20,6 +24,7 @@ from dataclasses import dataclass, field
 
 import structlog
 
+from devplug._kits.problems import ProblemLog, error_reason
 from devplug.errors import ConfigError, ScanCancelled
 from devplug.hotplug.list_limit import ListLimit
 from devplug.model import DeviceTree
@@ -42,6 +47,11 @@ class ScanResult:
     extras: Mapping[str, object] = field(default_factory=dict)
     # resource -> the ids left out of ``tree`` because its list would not fit (ListLimit)
     held_back: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    # resource -> the scanners whose devices for it were dropped (another scanner had it first)
+    conflicts: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    # Scanners that failed this time (raised, or their source could not be read): their
+    # previous devices, if any, were kept; the scan loop retries soon.
+    failed: tuple[str, ...] = ()
 
 
 def event_subsystems(scanners: Sequence[Scanner]) -> frozenset[str] | None:
@@ -59,11 +69,29 @@ HELD_BACK_SECTION = "held_back"
 
 
 class ScanRunner:
-    def __init__(self, scanners: Sequence[Scanner], list_limit: ListLimit | None = None) -> None:
+    def __init__(
+        self,
+        scanners: Sequence[Scanner],
+        list_limit: ListLimit | None = None,
+        *,
+        replacing: ScanRunner | None = None,
+    ) -> None:
+        """``replacing``: the runner of the configuration this one replaces (a reload). Its
+        list limit is shared (what was advertised first keeps its place), and each of its
+        scanners' last trees stands in for the new scanner of the same name until that one
+        has scanned once: a reload while a scanner fails must not withdraw its devices."""
         self.scanners = tuple(scanners)
-        # Shared with the runner of a reloaded config, which keeps what was advertised first.
-        self.list_limit = list_limit or ListLimit()
+        if list_limit is None and replacing is not None:
+            list_limit = replacing.list_limit
+        self.list_limit: ListLimit = list_limit or ListLimit()
         self._last: dict[int, DeviceTree] = {}
+        if replacing is not None:
+            before = {s.name: replacing._last.get(i) for i, s in enumerate(replacing.scanners)}
+            for index, scanner in enumerate(self.scanners):
+                tree = before.get(scanner.name)
+                if tree is not None:
+                    self._last[index] = tree
+        self._problems: ProblemLog = ProblemLog() if replacing is None else replacing._problems
         # Protocol isinstance checks are slow: resolve once.
         self._incremental = {
             index: scanner
@@ -85,6 +113,8 @@ class ScanRunner:
         source = UdevSource(cancelled)
         merged = DeviceTree()
         owners: dict[str, Scanner] = {}
+        conflicts: dict[str, tuple[str, ...]] = {}
+        failed: list[str] = []
         full = incremental = 0
         for index, scanner in enumerate(self.scanners):
             try:
@@ -97,22 +127,21 @@ class ScanRunner:
                 if tree is None:
                     tree = scanner.scan(source)
                     full += 1
+                source.verify()
             except ScanCancelled:
                 raise
-            except ConfigError:
-                if index not in self._last:
+            except Exception as exc:
+                if isinstance(exc, ConfigError) and index not in self._last:
                     # The host cannot be served as configured (a list too big for the kubelet,
                     # say): refuse at start-up, as for any configuration error.
                     raise
-                log.exception("scan.failed", scanner=scanner.name, kept_previous=True)
-                tree = self._last[index]
-            except Exception:
-                log.exception(
-                    "scan.failed", scanner=scanner.name, kept_previous=index in self._last
-                )
+                failed.append(scanner.name)
+                self._failed(scanner, exc, kept_previous=index in self._last)
                 tree = self._last.get(index, DeviceTree())
             else:
                 self._last[index] = tree
+                if self._problems.solved(("scanner", scanner.name)):
+                    log.info("scan.recovered", scanner=scanner.name)
             clash = set(tree) & set(merged)
             if clash:
                 log.error(
@@ -121,6 +150,8 @@ class ScanRunner:
                     resources=sorted(clash),
                     kept="the first scanner's devices",
                 )
+                for resource in clash:
+                    conflicts[resource] = (*conflicts.get(resource, ()), scanner.name)
                 tree = DeviceTree({k: v for k, v in tree.items() if k not in clash})
             merged = merged.merged(tree)
             owners.update(dict.fromkeys(tree, scanner))
@@ -133,6 +164,7 @@ class ScanRunner:
                         log.error("scan.report.clash", scanner=scanner.name, section=section)
                         continue
                     extras[section] = content
+        self._report_devices(source, full_scan=events is None)
         fitted, held = self.list_limit.fit(merged)
         if held:
             extras[HELD_BACK_SECTION] = [
@@ -145,8 +177,49 @@ class ScanRunner:
                 for resource, ids in sorted(held.items())
             ]
         return ScanResult(
-            fitted, owners, time.perf_counter() - started, full, incremental, extras, held
+            fitted,
+            owners,
+            time.perf_counter() - started,
+            full,
+            incremental,
+            extras,
+            held,
+            failed=tuple(failed),
+            conflicts=conflicts,
         )
+
+    def _failed(self, scanner: Scanner, exc: Exception, *, kept_previous: bool) -> None:
+        """Log a scanner's failure when it starts or changes (every retry would flood)."""
+        problem = f"{type(exc).__name__}: {error_reason(exc)}"
+        self._problems.report(
+            log,
+            "scan.failed",
+            problem,
+            key=("scanner", scanner.name),
+            scanner=scanner.name,
+            kept_previous=kept_previous,
+            retry="soon, with back-off",
+            exc_info=exc,
+        )
+
+    def _report_devices(self, source: UdevSource, *, full_scan: bool) -> None:
+        """Warn once about each device skipped (or read in part); after a full scan, say which
+        ones read cleanly again (an incremental one does not re-read them all)."""
+        for sys_path, problem in source.problems.items():
+            self._problems.report(
+                log,
+                "scan.device.unreadable",
+                problem,
+                key=("device", sys_path),
+                level="warning",
+                sys_path=sys_path,
+            )
+        if not full_scan:
+            return
+        for key in self._problems.unsolved():
+            if isinstance(key, tuple) and key[0] == "device" and key[1] not in source.problems:
+                self._problems.solved(key)
+                log.info("scan.device.readable", sys_path=key[1])
 
     @staticmethod
     def _rescan(
