@@ -136,7 +136,7 @@ def test_bad_top_level_settings(tmp_path: Path, yaml_text: str, field: str, hint
         (
             "    - resource: example.com/s\n      match: {subsystem: ../../etc}\n",
             "scanners.generic[0].match.subsystem",
-            "should match pattern",
+            "is not a valid value here (got '../../etc')",
         ),
         (
             "    - resource: example.com/s\n      match: {devnode: ttyUSB*}\n",
@@ -157,7 +157,7 @@ def test_bad_top_level_settings(tmp_path: Path, yaml_text: str, field: str, hint
             "    - resource: example.com/s\n      match: {subsystem: tty}\n"
             "      permissions: rwx\n",
             "scanners.generic[0].permissions",
-            "should match pattern",
+            "'r', 'w' and 'm', each at most once",
         ),
         (
             "    - resource: example.com/s\n      match: {subsystem: tty, attributes: {../x: y}}\n",
@@ -185,7 +185,7 @@ def test_cli_config_errors_exit_2_before_serving(tmp_path: Path, short_dir: Path
     kubelet_dir = short_dir / "kubelet"
     unknown = devplug("run", "--scanner", "gpu", "--kubelet-dir", str(kubelet_dir))
     assert unknown.returncode == 2
-    assert "scanners.gpu: unknown scanner; known scanners: generic" in unknown.stderr
+    assert "--scanner: unknown scanner 'gpu'; known scanners: generic" in unknown.stderr
     assert not kubelet_dir.exists()  # nothing was created or served
     bad = write(
         tmp_path, "scanners:\n  generic:\n    - resource: Serial\n      match: {subsystem: tty}\n"
@@ -224,3 +224,132 @@ def test_cli_warns_about_unknown_devplug_variables(tmp_path: Path) -> None:
     result = devplug("scan", "--scanner", "generic", env=env)
     assert result.returncode == 0
     assert "config.env.unknown" in result.stderr and "DEVPLUG_KUBELET_DRI" in result.stderr
+
+
+# ------------------------------------------------------------------------ odd input (issue 15)
+
+
+@pytest.mark.parametrize(
+    ("text", "field", "words"),
+    [
+        ('kubelet_dir: "/var/lib/kubelet\\0x"\n', "kubelet_dir", "NUL byte"),
+        ('cdi: {dir: "/var/run/cdi\\0x"}\n', "cdi.dir", "NUL byte"),
+        ("hotplug: {resync_s: true}\n", "hotplug.resync_s", "must be a number, not true"),
+        ("cdi: {instance: -x}\n", "cdi.instance", "starting with a letter or digit"),
+        ("metrics_address: 999.1.1.1:9400\n", "metrics_address", "not an IPv4 address"),
+        ("metrics_address: 'foo bar:9400'\n", "metrics_address", "not a host name"),
+        ("metrics_address: '[zz]:9400'\n", "metrics_address", "not an IPv6 address"),
+        ("metrics_address: host:65536\n", "metrics_address", "port must be 0 to 65535"),
+    ],
+)
+def test_odd_values_are_refused_in_words(tmp_path: Path, text: str, field: str, words: str) -> None:
+    with pytest.raises(ConfigError) as exc:
+        load_settings(write(tmp_path, text), {}, [], {})
+    assert exc.value.field == field
+    assert words in str(exc.value)
+    assert "Value error" not in str(exc.value) and "^" not in str(exc.value)
+
+
+@pytest.mark.parametrize(
+    ("entry", "field", "words"),
+    [
+        ("      shares: true\n", "scanners.generic[0].shares", "must be a number, not true"),
+        ("      permissions: rrr\n", "scanners.generic[0].permissions", "each at most once"),
+    ],
+)
+def test_generic_shares_true_and_repeated_permissions_are_refused(
+    tmp_path: Path, entry: str, field: str, words: str
+) -> None:
+    text = "scanners:\n" + GENERIC_OK + entry
+    with pytest.raises(ConfigError) as exc:
+        build_scanners(load_settings(write(tmp_path, text), {}, [], {}).scanners)
+    assert exc.value.field == field and words in str(exc.value)
+
+
+def test_a_non_utf8_file_is_one_line_naming_it(tmp_path: Path) -> None:
+    path = tmp_path / "config.yaml"
+    path.write_bytes(b"kubelet_dir: /var/lib/k\xffubelet\n")
+    with pytest.raises(ConfigError) as exc:
+        load_settings(path, {}, [], {})
+    assert str(exc.value) == f"--config: {path} is not UTF-8 text (byte 0xff at offset 23)"
+
+
+def test_a_yaml_syntax_error_names_the_file_and_line_in_one_line(tmp_path: Path) -> None:
+    path = write(tmp_path, "kubelet_dir: /x\nscanners:\n  generic: [\n")
+    with pytest.raises(ConfigError) as exc:
+        load_settings(path, {}, [], {})
+    message = str(exc.value)
+    assert message.startswith(f"--config: {path}:4:1: not valid YAML: ")
+    assert "\n" not in message and "<unicode string>" not in message
+
+
+@pytest.mark.parametrize(
+    ("text", "key"),
+    [
+        ("scanners:\n" + GENERIC_OK + "scanners:\n  vfio: {}\n", "'scanners'"),
+        ("hotplug: {poll_s: 1, poll_s: 2}\n", "'poll_s'"),
+    ],
+)
+def test_a_duplicate_key_is_refused(tmp_path: Path, text: str, key: str) -> None:
+    with pytest.raises(ConfigError) as exc:
+        load_settings(write(tmp_path, text), {}, [], {})
+    assert f"duplicate key {key}" in str(exc.value)
+
+
+def test_yaml_merge_keys_are_not_duplicates(tmp_path: Path) -> None:
+    text = "base: &b {poll_s: 1}\nhotplug: {<<: *b, resync_s: 9}\n"
+    with pytest.raises(ConfigError) as exc:  # 'base' itself is not a setting
+        load_settings(write(tmp_path, text), {}, [], {})
+    assert exc.value.field == "base"
+
+
+def test_log_levels_in_any_case(tmp_path: Path) -> None:
+    settings = load_settings(write(tmp_path, "log_level: WARNING\n"), {}, [], {})
+    assert settings.log_level == "warning"
+    assert load_settings(None, {}, [], {"DEVPLUG_LOG_LEVEL": "Debug"}).log_level == "debug"
+
+
+def test_errors_name_the_variable_or_flag_a_value_came_from(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError) as exc:
+        load_settings(None, {}, [], {"DEVPLUG_LOG_LEVEL": "loud"})
+    assert exc.value.field == "DEVPLUG_LOG_LEVEL"
+    with pytest.raises(ConfigError) as exc:
+        load_settings(None, {}, [], {"DEVPLUG_CDI_DIR": "relative"})
+    assert exc.value.field == "DEVPLUG_CDI_DIR"
+    with pytest.raises(ConfigError) as exc:
+        load_settings(None, {"kubelet_dir": Path("rel")}, [], {"DEVPLUG_KUBELET_DIR": "/ok"})
+    assert exc.value.field == "--kubelet-dir"
+    with pytest.raises(ConfigError) as exc:
+        load_settings(tmp_path / "gone.yaml", {}, [], {}, config_source="DEVPLUG_CONFIG")
+    assert exc.value.field == "DEVPLUG_CONFIG"
+
+
+def test_cli_names_devplug_config_and_devplug_scanner(tmp_path: Path) -> None:
+    import os
+
+    env = {**os.environ, "DEVPLUG_CONFIG": str(tmp_path / "gone.yaml")}
+    result = devplug("scan", env=env)
+    assert result.returncode == 2
+    assert result.stderr.startswith("devplug: configuration error: DEVPLUG_CONFIG: file not found")
+    env = {**os.environ, "DEVPLUG_SCANNER": "generic,gpu"}
+    result = devplug("scan", env=env)
+    assert result.returncode == 2
+    assert "DEVPLUG_SCANNER: unknown scanner 'gpu'" in result.stderr
+
+
+def test_cli_nul_in_kubelet_dir_is_a_config_error(tmp_path: Path) -> None:
+    config = write(tmp_path, 'kubelet_dir: "/tmp/a\\0b"\nscanners:\n' + GENERIC_OK)
+    result = devplug("run", "--config", str(config))
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [
+        "devplug: configuration error: kubelet_dir: must not contain a NUL byte, got '/tmp/a\\x00b'"
+    ]
+
+
+@pytest.mark.parametrize("flag", ["--kubelet-dir", "--cdi-dir"])
+def test_cli_a_dir_that_is_a_file_is_not_a_directory(tmp_path: Path, flag: str) -> None:
+    file = tmp_path / "file"
+    file.write_text("")
+    result = devplug("run", "--scanner", "generic", flag, str(file))
+    assert result.returncode == 2
+    assert f"{file} is not a directory" in result.stderr

@@ -167,4 +167,4 @@ def test_importing_devplug_stays_light() -> None:
     result = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
     )
-    assert result.stdout.splitlines() == ["[]", "devplug.plugin devplug.config devplug.config"]
+    assert result.stdout.splitlines() == ["[]", "devplug.cli devplug.config devplug.config"]

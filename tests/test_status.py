@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import signal
 import socket
 import sys
 from collections.abc import AsyncIterator
@@ -11,13 +13,16 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+import pytest
+import yaml
 
 from devplug._proto import deviceplugin_v1beta1_pb2 as pb
 from devplug._proto import deviceplugin_v1beta1_pb2_grpc as pb_grpc
 from devplug.cli.status import resource_of_socket
 from devplug.model import DeviceInfo, DeviceNode, Health
-from devplug.testing import KubeletSimulator, daemon_settings, running_daemon
+from devplug.testing import KubeletSimulator, daemon_process, daemon_settings, running_daemon
 from devplug.testing.harness import StaticScanner
+from devplug.testing.umockdev import UmockdevHost, add_usb_serial
 
 
 class VendorPlugin(pb_grpc.DevicePluginServicer):
@@ -56,7 +61,10 @@ class VendorPlugin(pb_grpc.DevicePluginServicer):
         raise NotImplementedError
 
 
-async def devplug_status(*args: str) -> str:
+async def run_status(
+    *args: str, cwd: Path | None = None, env: dict[str, str] | None = None
+) -> tuple[int, str, str]:
+    """``devplug status ARGS`` in a child process: (exit status, stdout, stderr)."""
     process = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
@@ -65,10 +73,18 @@ async def devplug_status(*args: str) -> str:
         *args,
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
+        cwd=cwd,
+        env={**os.environ, **(env or {})},
     )
     out, err = await asyncio.wait_for(process.communicate(), 60)
-    assert process.returncode == 0, err.decode()
-    return out.decode()
+    assert process.returncode is not None
+    return process.returncode, out.decode(), err.decode()
+
+
+async def devplug_status(*args: str, expect: int = 0, cwd: Path | None = None) -> str:
+    code, out, err = await run_status(*args, cwd=cwd)
+    assert code == expect, err
+    return out
 
 
 def test_resource_names_are_read_from_devplug_socket_names() -> None:
@@ -101,12 +117,17 @@ async def test_status_lists_devplug_and_other_plugins(
     try:
         async with running_daemon(daemon_settings(kubelet_dir), [scanner]):
             await (await kubelet.wait_for_plugin("example.com/serial")).wait_for_update()
+            # stale.sock does not answer: exit status 1, for scripts and probes.
             document = json.loads(
-                await devplug_status("--kubelet-dir", str(kubelet_dir), "-o", "json")
+                await devplug_status("--kubelet-dir", str(kubelet_dir), "-o", "json", expect=1)
             )
-            table = await devplug_status("--kubelet-dir", str(kubelet_dir))
+            as_yaml = yaml.safe_load(
+                await devplug_status("--kubelet-dir", str(kubelet_dir), "-o", "yaml", expect=1)
+            )
+            table = await devplug_status("--kubelet-dir", str(kubelet_dir), expect=1)
     finally:
         await vendor.stop(None)
+    assert as_yaml == document
     plugins = {p["socket"]: p for p in document["plugins"]}
     assert sorted(plugins) == ["devplug-example.com_serial.sock", "stale.sock", "vendor.sock"]
     ours = plugins["devplug-example.com_serial.sock"]
@@ -135,3 +156,79 @@ async def test_an_empty_dir_says_so(kubelet_dir: Path) -> None:
     assert (await devplug_status("--kubelet-dir", str(kubelet_dir))).startswith(
         "no device plugin sockets in"
     )
+
+
+def serial_scanner() -> StaticScanner:
+    info = DeviceInfo(nodes=(DeviceNode("/dev/null"),))
+    return StaticScanner({"example.com/serial": {"dev0": info}})
+
+
+async def test_a_relative_kubelet_dir_flag_or_variable_works(
+    kubelet: KubeletSimulator, kubelet_dir: Path
+) -> None:
+    async with running_daemon(daemon_settings(kubelet_dir), [serial_scanner()]):
+        await (await kubelet.wait_for_plugin("example.com/serial")).wait_for_update()
+        flag = await run_status("--kubelet-dir", kubelet_dir.name, cwd=kubelet_dir.parent)
+        variable = await run_status(
+            cwd=kubelet_dir.parent, env={"DEVPLUG_KUBELET_DIR": kubelet_dir.name}
+        )
+    for code, out, err in (flag, variable):
+        assert (code, err) == (0, "")
+        assert out.splitlines()[1].split()[-1] == "serving"
+
+
+async def test_all_serving_exits_0_and_a_dead_plugin_exits_1(
+    kubelet: KubeletSimulator, kubelet_dir: Path
+) -> None:
+    async with running_daemon(daemon_settings(kubelet_dir), [serial_scanner()]):
+        await (await kubelet.wait_for_plugin("example.com/serial")).wait_for_update()
+        assert (await run_status("--kubelet-dir", str(kubelet_dir)))[0] == 0
+        dead = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        dead.bind(str(kubelet_dir / "dead.sock"))
+        dead.close()
+        code, out, _ = await run_status("--kubelet-dir", str(kubelet_dir))
+    assert code == 1
+    assert "UNAVAILABLE" in out and "serving" in out
+
+
+@pytest.mark.parametrize("timeout", ["0", "-1", "nan", "inf", "soon"])
+async def test_a_timeout_that_is_not_a_positive_number_is_refused(
+    kubelet_dir: Path, timeout: str
+) -> None:
+    code, out, err = await run_status("--kubelet-dir", str(kubelet_dir), "--timeout", timeout)
+    assert (code, out) == (2, "")
+    assert "--timeout" in err
+
+
+async def test_a_kubelet_dir_that_is_a_file_is_not_a_directory(short_dir: Path) -> None:
+    file = short_dir / "file"
+    file.write_text("")
+    code, _, err = await run_status("--kubelet-dir", str(file))
+    assert code == 2
+    assert err == f"devplug: --kubelet-dir: {file} is not a directory\n"
+
+
+async def test_a_socket_left_by_a_killed_devplug_is_cleaned_at_its_next_start(
+    host: UmockdevHost, kubelet: KubeletSimulator, kubelet_dir: Path, short_dir: Path
+) -> None:
+    add_usb_serial(host, index=0)
+    config = short_dir / "config.yaml"
+    config.write_text(
+        "scanners:\n  generic:\n    - resource: example.com/serial\n"
+        "      match: {subsystem: tty, devnode: /dev/ttyUSB*}\n"
+    )
+    socket_path = kubelet_dir / "devplug-example.com_serial.sock"
+    async with daemon_process(config, kubelet_dir, env=host.env()) as process:
+        first = await kubelet.wait_for_plugin("example.com/serial", timeout=30)
+        await first.wait_for_update()
+        process.send_signal(signal.SIGKILL)
+        await process.wait()
+    assert socket_path.exists()  # left behind: nothing listens on it
+    code, out, _ = await run_status("--kubelet-dir", str(kubelet_dir))
+    assert code == 1 and "UNAVAILABLE" in out
+    async with daemon_process(config, kubelet_dir, env=host.env()):
+        again = await kubelet.wait_for_plugin("example.com/serial", replacing=first, timeout=30)
+        await again.wait_for_update()
+        code, out, err = await run_status("--kubelet-dir", str(kubelet_dir))
+    assert code == 0, out + err
+    assert out.splitlines()[1].split()[-1] == "serving"

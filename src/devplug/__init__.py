@@ -3,7 +3,8 @@
 The public surface for plugin authors is what ``__all__`` lists: the device model, the scanner
 protocols and hooks, the udev view scanners read, the helpers of incremental rescans, the NUMA
 preferred-allocation policy a ``PreferredAllocator`` can configure, and what an entry point
-needs to serve its scanners (``load_settings``, ``Settings``, ``serve``).
+needs to serve its scanners (``serve``: devplug's command line with the author's scanners;
+``SectionSettings`` for their config sections; ``load_settings``, ``Settings``).
 Everything else is internal. Test tools live in :mod:`devplug.testing`.
 """
 
@@ -31,17 +32,24 @@ from devplug.scanners.base import (
     PostAllocator,
     PreferredAllocator,
     Reporter,
+    ResourceStarter,
+    ResourceStopper,
     Scanner,
 )
 from devplug.scanners.incremental import TouchedPaths, TreeEdit
 from devplug.scanners.udev import UdevDevice, UdevEvent, UdevSource
 
 if TYPE_CHECKING:
-    from devplug.config import Settings, load_settings
-    from devplug.plugin import serve
+    from devplug.cli import serve
+    from devplug.config import SectionSettings, Settings, load_settings
 
 # Loaded on first use: they bring pydantic and YAML, which scanners and their tests do not need.
-_LAZY = {"Settings": "devplug.config", "load_settings": "devplug.config", "serve": "devplug.plugin"}
+_LAZY = {
+    "SectionSettings": "devplug.config",
+    "Settings": "devplug.config",
+    "load_settings": "devplug.config",
+    "serve": "devplug.cli",
+}
 
 
 def __getattr__(name: str) -> Any:
@@ -74,7 +82,10 @@ __all__ = [
     "PreferredAllocator",
     "PreferredPolicy",
     "Reporter",
+    "ResourceStarter",
+    "ResourceStopper",
     "Scanner",
+    "SectionSettings",
     "Settings",
     "TouchedPaths",
     "TreeEdit",

@@ -9,14 +9,24 @@ this module does not depend on the scanners.
 from __future__ import annotations
 
 import difflib
+import ipaddress
 import os
 import re
+import types
+import typing
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, ClassVar, Literal, Self
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+)
 
 from devplug.errors import ConfigError
 from devplug.naming import cdi_kind_problem, resource_name_problem
@@ -30,9 +40,41 @@ LogLevel = Literal["debug", "info", "warning", "error"]
 
 
 class StrictModel(BaseModel):
-    """Frozen, and unknown keys are errors (a typo must not be silently ignored)."""
+    """Frozen, and unknown keys are errors (a typo must not be silently ignored).
+
+    A YAML ``true`` or ``false`` given to a number field is refused too (pydantic alone would
+    read ``shares: true`` as 1).
+    """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_bool_for_numbers(cls, value: Any, info: ValidationInfo) -> Any:
+        if isinstance(value, bool) and info.field_name is not None:
+            field = cls.model_fields.get(info.field_name)
+            if field is not None and _wants_number(field.annotation):
+                raise ValueError(f"must be a number, not {str(value).lower()}")
+        return value
+
+
+def _wants_number(annotation: Any) -> bool:
+    """Whether a field takes a number and never a boolean (``int``, ``float | None``, ...)."""
+    if annotation in (int, float):
+        return True
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(annotation) if a is not type(None)]
+        return bool(args) and bool not in args and all(a in (int, float) for a in args)
+    return False
+
+
+def path_problem(value: Path) -> str | None:
+    """Why ``value`` cannot be one of devplug's directories: relative, or holding a NUL byte."""
+    if "\0" in str(value):
+        return f"must not contain a NUL byte, got {str(value)!r}"
+    if not value.is_absolute():
+        return f"must be an absolute path, got {str(value)!r}"
+    return None
 
 
 class SectionSettings(StrictModel):
@@ -103,13 +145,24 @@ class CdiSettings(StrictModel):
     device_specs: bool = True
     keep_on_exit: bool = False
     kinds: dict[str, str] = Field(default_factory=dict)
-    instance: str | None = Field(default=None, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.,-]{0,62}$")
+    instance: str | None = None
 
     @field_validator("dir")
     @classmethod
     def _absolute_dir(cls, value: Path) -> Path:
-        if not value.is_absolute():
-            raise ValueError(f"must be an absolute path, got {str(value)!r}")
+        problem = path_problem(value)
+        if problem is not None:
+            raise ValueError(problem)
+        return value
+
+    @field_validator("instance")
+    @classmethod
+    def _instance_name(cls, value: str | None) -> str | None:
+        if value is not None and _INSTANCE.fullmatch(value) is None:
+            raise ValueError(
+                "must be 1 to 63 letters, digits and '_ . , -', starting with a letter or "
+                f"digit; got {value!r}"
+            )
         return value
 
     @field_validator("kinds")
@@ -132,18 +185,51 @@ class CdiSettings(StrictModel):
         return value
 
 
-_ADDRESS = re.compile(
-    r"^(?:\[(?P<v6>[0-9A-Fa-f:.]+)\]|(?P<host>[A-Za-z0-9.-]*)):(?P<port>[0-9]{1,5})\Z"
-)
+_INSTANCE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.,-]{0,62}")
+_ADDRESS = re.compile(r"(?:\[(?P<v6>[^\]]*)\]|(?P<host>[^:\[\]]*)):(?P<port>[0-9]{1,5})")
+_HOST_LABEL = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?")
 
 
 def parse_address(value: str) -> tuple[str, int]:
-    """``HOST:PORT`` (``[::1]:9400`` for IPv6; an empty host means every address)."""
-    match = _ADDRESS.match(value)
-    if match is None or int(match["port"]) > 65535:
-        raise ValueError(f"want HOST:PORT, e.g. 127.0.0.1:9400 or [::]:9400; got {value!r}")
-    host = match["v6"] if match["v6"] is not None else (match["host"] or "0.0.0.0")
-    return host, int(match["port"])
+    """``HOST:PORT`` (``[::1]:9400`` for IPv6; an empty host means every address).
+
+    The port is 0 to 65535 (0: any free port); the host an IPv4 address, an IPv6 address in
+    brackets, or a host name. Raises ValueError saying which part is wrong.
+    """
+    try:
+        return _parse_address(value)
+    except ValueError as exc:
+        raise ValueError(f"{exc}; want HOST:PORT, e.g. 127.0.0.1:9400 or [::]:9400") from None
+
+
+def _parse_address(value: str) -> tuple[str, int]:
+    match = _ADDRESS.fullmatch(value)
+    if match is None:
+        raise ValueError(f"got {value!r}")
+    port = int(match["port"])
+    if port > 65535:
+        raise ValueError(f"the port must be 0 to 65535, got {port} in {value!r}")
+    if match["v6"] is not None:
+        try:
+            ipaddress.IPv6Address(match["v6"])
+        except ValueError:
+            raise ValueError(f"{match['v6']!r} is not an IPv6 address (in {value!r})") from None
+        return match["v6"], port
+    host = match["host"]
+    if not host:
+        return "0.0.0.0", port
+    if re.fullmatch(r"[0-9.]+", host):
+        try:
+            ipaddress.IPv4Address(host)
+        except ValueError:
+            raise ValueError(f"{host!r} is not an IPv4 address (in {value!r})") from None
+        return host, port
+    labels = host.removesuffix(".").split(".")
+    if len(host) > 253 or not all(_HOST_LABEL.fullmatch(label) for label in labels):
+        raise ValueError(
+            f"{host!r} is not a host name or IP address (in {value!r}; IPv6 goes in brackets)"
+        )
+    return host, port
 
 
 class Settings(StrictModel):
@@ -185,9 +271,15 @@ class Settings(StrictModel):
     @field_validator("kubelet_dir")
     @classmethod
     def _absolute(cls, value: Path) -> Path:
-        if not value.is_absolute():
-            raise ValueError(f"must be an absolute path, got {str(value)!r}")
+        problem = path_problem(value)
+        if problem is not None:
+            raise ValueError(problem)
         return value
+
+    @field_validator("log_level", "log_format", mode="before")
+    @classmethod
+    def _any_case(cls, value: Any) -> Any:
+        return value.lower() if isinstance(value, str) else value
 
 
 # Flags and environment variables that map onto top-level settings.
@@ -201,15 +293,33 @@ def _join(location: Sequence[int | str]) -> str:
     return out
 
 
+# pydantic's prefixes of messages raised by validators ("Value error, must be ...").
+_PYDANTIC_PREFIXES = ("Value error, ", "Assertion failed, ")
+
+
 def config_error(
-    exc: ValidationError, prefix: str = "", model: type[BaseModel] | None = None
+    exc: ValidationError,
+    prefix: str = "",
+    model: type[BaseModel] | None = None,
+    sources: Mapping[str, str] | None = None,
 ) -> ConfigError:
-    """Turn pydantic's first error into a ConfigError with a dotted field path and a hint."""
+    """Turn pydantic's first error into a ConfigError with a dotted field path and a hint.
+
+    ``sources`` maps a dotted field to where its value came from when that was not the config
+    file (``DEVPLUG_LOG_LEVEL``, ``--kubelet-dir``): the error names that instead.
+    """
     first = exc.errors(include_url=False)[0]
     location = list(first["loc"])
     field = _join([prefix, *location] if prefix else location)
+    if sources and field in sources:
+        field = sources[field]
     message = str(first["msg"])
-    if first["type"] == "extra_forbidden":
+    for pydantic_prefix in _PYDANTIC_PREFIXES:
+        message = message.removeprefix(pydantic_prefix)
+    if first["type"] == "string_pattern_mismatch":
+        # pydantic's text is the regular expression itself.
+        message = f"is not a valid value here (got {first['input']!r})"
+    elif first["type"] == "extra_forbidden":
         known = _known_keys(model, location[:-1]) if model is not None else []
         message = "unknown setting"
         if known:
@@ -218,7 +328,7 @@ def config_error(
             message += f"{hint} valid keys here: {', '.join(known)}"
     elif first["type"] == "missing":
         message = "is required"
-    elif "input" in first and first["type"] not in ("value_error",):
+    elif "input" in first and first["type"] not in ("value_error", "assertion_error"):
         message += f" (got {first['input']!r})"
     return ConfigError(field, message)
 
@@ -242,22 +352,64 @@ def _known_keys(model: type[BaseModel], location: Sequence[int | str]) -> list[s
     return sorted(current.model_fields)
 
 
-def read_config_file(path: Path) -> dict[str, Any]:
-    """Load a YAML config file; an empty file is an empty config."""
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """YAML's safe loader, refusing a key given twice in one mapping (PyYAML keeps the last,
+    which silently drops the first section)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: set[Any] = set()
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue
+            key = self.construct_object(key_node, deep=True)
+            try:
+                duplicate = key in seen
+                seen.add(key)
+            except TypeError:  # an unhashable key: the constructor says so itself
+                continue
+            if duplicate:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"duplicate key {key!r}", key_node.start_mark
+                )
+        return super().construct_mapping(node, deep=deep)
+
+
+def _yaml_problem(exc: yaml.YAMLError) -> str:
+    """One line: ``LINE:COLUMN: problem`` (PyYAML's own text spans several lines)."""
+    if isinstance(exc, yaml.MarkedYAMLError):
+        mark = exc.problem_mark or exc.context_mark
+        problem = exc.problem or exc.context or "invalid YAML"
+        where = f"{mark.line + 1}:{mark.column + 1}: " if mark is not None else " "
+        return " ".join(f"{where}not valid YAML: {problem}".split())
+    return " " + " ".join(f"not valid YAML: {exc}".split())
+
+
+def read_config_file(path: Path, source: str = "--config") -> dict[str, Any]:
+    """Load a YAML config file; an empty file is an empty config.
+
+    Errors are one line naming the file, under ``source`` (the flag or variable that named it).
+    """
     try:
-        text = path.read_text(encoding="utf-8")
+        raw = path.read_bytes()
     except FileNotFoundError:
-        raise ConfigError("--config", f"file not found: {path}") from None
+        raise ConfigError(source, f"file not found: {path}") from None
     except OSError as exc:
-        raise ConfigError("--config", f"cannot read {path}: {exc.strerror}") from None
+        raise ConfigError(source, f"cannot read {path}: {exc.strerror or exc}") from None
     try:
-        data = yaml.safe_load(text)
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(
+            source,
+            f"{path} is not UTF-8 text (byte 0x{raw[exc.start]:02x} at offset {exc.start})",
+        ) from None
+    try:
+        data = yaml.load(text, Loader=_UniqueKeyLoader)  # a SafeLoader
     except yaml.YAMLError as exc:
-        raise ConfigError("--config", f"{path} is not valid YAML: {exc}") from None
+        raise ConfigError(source, f"{path}:{_yaml_problem(exc)}") from None
     if data is None:
         return {}
     if not isinstance(data, dict):
-        raise ConfigError("--config", f"{path} must hold a mapping at the top level")
+        raise ConfigError(source, f"{path} must hold a mapping at the top level")
     return data
 
 
@@ -282,17 +434,29 @@ def load_settings(
     flags: Mapping[str, Any] | None = None,
     scanner_names: Sequence[str] = (),
     environ: Mapping[str, str] | None = None,
+    *,
+    config_source: str = "--config",
 ) -> Settings:
     """Merge file, environment and flags (later wins) and validate; ConfigError names the bad
-    field. A missing ``config_file`` is an error; None reads none.
+    field, or the variable or flag a bad value came from (``DEVPLUG_LOG_LEVEL``,
+    ``--kubelet-dir``). A missing ``config_file`` is an error; None reads none.
+    ``config_source`` is what named the file (``--config`` or ``DEVPLUG_CONFIG``), for errors.
 
     ``scanner_names`` (from --scanner or DEVPLUG_SCANNER) add built-in scanners with their
     defaults unless the file already configures them; ``intel-gpu`` names ``intel_gpu``.
     """
     environ = os.environ if environ is None else environ
-    raw: dict[str, Any] = read_config_file(config_file) if config_file is not None else {}
-    raw.update(env_overrides(environ))
-    raw.update({key: value for key, value in (flags or {}).items() if value is not None})
+    raw: dict[str, Any] = (
+        read_config_file(config_file, config_source) if config_file is not None else {}
+    )
+    from_env = env_overrides(environ)
+    from_flags = {key: value for key, value in (flags or {}).items() if value is not None}
+    sources = {key: ENV_PREFIX + key.upper() for key in from_env}
+    sources.update({key: "--" + key.replace("_", "-") for key in from_flags})
+    if "cdi_dir" in sources:
+        sources["cdi.dir"] = sources.pop("cdi_dir")
+    raw.update(from_env)
+    raw.update(from_flags)
     if "cdi_dir" in raw:
         # --cdi-dir, DEVPLUG_CDI_DIR and a top-level cdi_dir key all set cdi.dir.
         cdi = raw.get("cdi")
@@ -316,4 +480,4 @@ def load_settings(
     try:
         return Settings.model_validate(raw)
     except ValidationError as exc:
-        raise config_error(exc, model=Settings) from None
+        raise config_error(exc, model=Settings, sources=sources) from None

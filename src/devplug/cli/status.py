@@ -4,15 +4,20 @@ Each socket is probed the way the kubelet talks to a plugin: GetDevicePluginOpti
 first ListAndWatch message; any vendor's v1beta1 plugin answers. A socket does not say which
 resource it serves (the plugin told the kubelet in Register), so the resource is known only
 for devplug's own sockets, whose names spell it (``devplug-<domain>_<name>.sock``).
+
+:func:`status_command` is ``devplug status``: a table, JSON or YAML on stdout, and exit status
+1 when a plugin did not answer (scripts and probes read it).
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import stat
+import sys
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import grpc
@@ -68,7 +73,8 @@ def plugin_sockets(kubelet_dir: Path) -> list[Path]:
 async def probe(path: Path, timeout: float = PROBE_TIMEOUT_S) -> PluginStatus:
     name = path.name
     resource = resource_of_socket(name)
-    channel = grpc.aio.insecure_channel(f"unix://{path}")
+    # gRPC's unix: target wants an absolute path ("unix://rel/x" names an authority).
+    channel = grpc.aio.insecure_channel(f"unix://{path.absolute()}")
     try:
         stub = pb_grpc.DevicePluginStub(channel)
         options = await stub.GetDevicePluginOptions(pb.Empty(), timeout=timeout)
@@ -102,3 +108,60 @@ async def probe(path: Path, timeout: float = PROBE_TIMEOUT_S) -> PluginStatus:
 async def probe_all(kubelet_dir: Path, timeout: float = PROBE_TIMEOUT_S) -> list[PluginStatus]:
     sockets = plugin_sockets(kubelet_dir)
     return list(await asyncio.gather(*(probe(path, timeout) for path in sockets)))
+
+
+def status_command(kubelet_dir: Path | None, output: str, timeout: float) -> int:
+    """``devplug status``: 0 when every plugin answered, 1 when one did not or the dir cannot
+    be read."""
+    from devplug.config import DEFAULT_KUBELET_DIR
+
+    os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
+    source = "--kubelet-dir"
+    if kubelet_dir is None:
+        source = "DEVPLUG_KUBELET_DIR"
+        kubelet_dir = Path(os.environ.get("DEVPLUG_KUBELET_DIR") or DEFAULT_KUBELET_DIR)
+    if kubelet_dir.exists() and not kubelet_dir.is_dir():
+        print(f"devplug: {source}: {kubelet_dir} is not a directory", file=sys.stderr)
+        return 2
+    try:
+        plugins = asyncio.run(probe_all(kubelet_dir, timeout))
+    except OSError as exc:
+        print(f"devplug: cannot read {kubelet_dir}: {exc.strerror or exc}", file=sys.stderr)
+        return 1
+    failed = any(plugin.error is not None for plugin in plugins)
+    if output in ("json", "yaml"):
+        listed = [{**asdict(p), "numa_nodes": list(p.numa_nodes)} for p in plugins]
+        document = {"kubelet_dir": str(kubelet_dir), "plugins": listed}
+        if output == "json":
+            sys.stdout.write(json.dumps(document, indent=2) + "\n")
+        else:
+            import yaml
+
+            sys.stdout.write(yaml.safe_dump(document, sort_keys=False))
+    elif not plugins:
+        print(f"no device plugin sockets in {kubelet_dir}")
+    else:
+        sys.stdout.write(status_table(plugins))
+    return 1 if failed else 0
+
+
+def status_table(plugins: list[PluginStatus]) -> str:
+    rows = [("SOCKET", "RESOURCE", "HEALTHY", "UNHEALTHY", "NUMA", "STATUS")]
+    for plugin in plugins:
+        answered = plugin.error is None
+        rows.append(
+            (
+                plugin.socket,
+                plugin.resource or "-",
+                str(plugin.healthy) if answered else "-",
+                str(plugin.unhealthy) if answered else "-",
+                ",".join(map(str, plugin.numa_nodes)) or "-",
+                plugin.error or "serving",
+            )
+        )
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]) - 1)]
+    lines = []
+    for row in rows:
+        cells = [cell.ljust(width) for cell, width in zip(row[:-1], widths, strict=True)]
+        lines.append("  ".join([*cells, row[-1]]).rstrip())
+    return "\n".join(lines) + "\n"

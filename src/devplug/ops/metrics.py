@@ -49,6 +49,12 @@ class Metrics:
             buckets=_SCAN_BUCKETS,
             registry=r,
         )
+        self.scan_failures = Counter(
+            "devplug_scan_failures",
+            "Scans in which a scanner failed, by scanner (its previous devices were kept).",
+            ["scanner"],
+            registry=r,
+        )
         self.udev_events = Counter(
             "devplug_udev_events", "udev events handled (after batching per device).", registry=r
         )

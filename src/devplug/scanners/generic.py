@@ -67,13 +67,20 @@ class GenericEntry(StrictModel):
     resource: str
     match: GenericMatch
     shares: int = Field(default=1, ge=1, le=MAX_SHARES)
-    permissions: str = Field(default="rw", pattern=r"^[rwm]{1,3}$")
+    permissions: str = "rw"
     id_property: str | None = None
 
     @field_validator("resource")
     @classmethod
     def _kubelet_name(cls, value: str) -> str:
         return validate_resource_name(value)
+
+    @field_validator("permissions")
+    @classmethod
+    def _cgroup_permissions(cls, value: str) -> str:
+        if not value or set(value) - set("rwm") or len(set(value)) != len(value):
+            raise ValueError(f"must be 'r', 'w' and 'm', each at most once (e.g. rw); got {value!r}")
+        return value
 
 
 def _matches(device: UdevDevice, node: str, match: GenericMatch) -> bool:
