@@ -66,7 +66,7 @@ def test_the_unit_is_a_notify_service_with_a_watchdog() -> None:
     assert settings["Type"] == "notify" and settings["WatchdogSec"] == "30s"
     assert "--config /etc/devplug/config.yaml" in settings["ExecStart"]
     assert settings["CapabilityBoundingSet"] == ""
-    assert settings["ReadWritePaths"] == "/var/lib/kubelet/device-plugins /var/run/cdi"
+    assert settings["ReadWritePaths"] == "-/var/lib/kubelet/device-plugins -/run/cdi"
 
 
 # ---------------------------------------------------------------------------- notify
