@@ -22,6 +22,7 @@ import pytest
 
 from devplug.model import DeviceInfo, Health
 from devplug.scanners.intel_gpu import MONITORING_RESOURCE, IntelGpuScanner, IntelGpuSettings
+from devplug.scanners.intel_gpu import scanner as intel_gpu_scanner
 from devplug.scanners.intel_gpu.policy import preferred_gpu_shares, preferred_shares
 from devplug.scanners.intel_gpu.settings import AllocationPolicy
 
@@ -587,13 +588,12 @@ async def test_above_2000_ids_are_answered_in_a_worker_thread(
 ) -> None:
     host = big_host(667)  # 2001 ids
     threads: list[int] = []
-    original = IntelGpuScanner._preferred
 
-    def recording(self: IntelGpuScanner, *args: Any) -> list[str]:
+    def recording(*args: Any) -> list[str]:
         threads.append(threading.get_ident())
-        return original(self, *args)
+        return preferred_gpu_shares(*args)
 
-    monkeypatch.setattr(IntelGpuScanner, "_preferred", recording)
+    monkeypatch.setattr(intel_gpu_scanner, "preferred_gpu_shares", recording)
     offered = list(reversed(host.all_ids))
     answer = scanner(policy).preferred_allocation(RESOURCE, offered, must, 3, host.devices())
     assert inspect.isawaitable(answer)

@@ -46,7 +46,7 @@ from devplug.scanners.intel_gpu.discovery import (
 )
 from devplug.scanners.intel_gpu.entry import GpuEntry, entry_sizes
 from devplug.scanners.intel_gpu.monitoring import MONITORING_ID, MONITORING_RESOURCE, MonitorNodes
-from devplug.scanners.intel_gpu.policy import preferred_shares, share_order
+from devplug.scanners.intel_gpu.policy import preferred_gpu_shares, share_order
 from devplug.scanners.intel_gpu.settings import IntelGpuSettings, refuse_if_too_big
 from devplug.scanners.udev import UdevEvent, UdevSource
 
@@ -315,30 +315,9 @@ class IntelGpuScanner:
             required = list(dict.fromkeys(must_include))
             answer = list(dict.fromkeys([*required, *available]))
             return answer[: max(size, len(required))]
+        policy = self.settings.allocation_policy
         if len(available) > _INLINE_PREFERRED_IDS:
-            return asyncio.to_thread(self._preferred, available, must_include, size, devices)
-        return self._preferred(available, must_include, size, devices)
-
-    def _preferred(
-        self,
-        available: Sequence[str],
-        must_include: Sequence[str],
-        size: int,
-        devices: Mapping[str, DeviceInfo],
-    ) -> list[str]:
-        gpu_of: dict[str, str] = {}
-        numa_of: dict[str, tuple[int, ...]] = {}
-        healthy: list[str] = []
-        for device_id in dict.fromkeys([*must_include, *available]):
-            info = devices.get(device_id)
-            if info is None:
-                continue  # not ours (any more): leave it to the kubelet
-            gpu_of[device_id] = info.sources[0] if info.sources else device_id
-            numa_of[device_id] = info.numa_nodes
-            if info.healthy:
-                healthy.append(device_id)
-        usable = set(healthy)
-        candidates = [i for i in available if i in usable]
-        return preferred_shares(
-            self.settings.allocation_policy, candidates, must_include, size, gpu_of, numa_of
-        )
+            return asyncio.to_thread(
+                preferred_gpu_shares, policy, available, must_include, size, devices
+            )
+        return preferred_gpu_shares(policy, available, must_include, size, devices)
