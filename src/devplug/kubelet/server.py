@@ -64,6 +64,11 @@ class ServerTiming:
     stat_backstop_s: float = 60.0
     drain_timeout_s: float = 1.0
     in_use_probe_s: float = 1.0
+    # Scanners' start/stop hooks (kubelet.lifecycle): the longest a hook may run, and the
+    # back-off between start attempts (slower than Register's: a start may load firmware).
+    hook_timeout_s: float = 60.0
+    start_retry_initial_s: float = 1.0
+    start_retry_max_s: float = 60.0
 
 
 DEFAULT_TIMING = ServerTiming()

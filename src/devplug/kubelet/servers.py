@@ -2,9 +2,12 @@
 
 ``apply(tree, owners)`` diffs the new tree against the current one: a new resource gets a
 server task (named, inside the daemon's TaskGroup, so a crash reaches the supervisor instead
-of vanishing); a changed one gets its new list pushed; a removed one first sends an empty
-list, then its server stops and its socket goes. A resource whose scanner was replaced (a
-reload) gets the new scanner's hooks.
+of vanishing), which first awaits the scanner's start hook (retried until it returns: the
+resource stays unregistered meanwhile), then serves; a changed one gets its new list pushed;
+a removed one first sends an empty list, then its server stops and its socket goes, then the
+scanner's stop hook runs. At the end of ``serving`` every server stops, then every stop hook
+owed runs. A resource whose scanner was replaced (a reload) gets the new scanner's RPC hooks;
+its start and stop stay with the scanner that started it (see :mod:`devplug.kubelet.lifecycle`).
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from pathlib import Path
 import structlog
 
 from devplug.kubelet.diff import diff
+from devplug.kubelet.lifecycle import Lifecycle
 from devplug.kubelet.registration import KubeletDirWatcher
 from devplug.kubelet.seams import AnswerExtension, ServingEvents
 from devplug.kubelet.server import DEFAULT_TIMING, ResourceServer, ServerTiming
@@ -29,6 +33,7 @@ log = structlog.get_logger("devplug.manager")
 @dataclass(slots=True)
 class _Running:
     server: ResourceServer
+    lifecycle: Lifecycle
     task: asyncio.Task[None]
 
 
@@ -49,6 +54,9 @@ class ResourceServers:
         self.timing = timing
         self._task_group: asyncio.TaskGroup | None = None
         self._running: dict[str, _Running] = {}
+        # Removed resources whose stop hook has not run yet (it is owed even if the removal
+        # is cancelled by a shutdown).
+        self._owed: set[Lifecycle] = set()
         self.tree = DeviceTree()
 
     @contextlib.asynccontextmanager
@@ -62,10 +70,17 @@ class ResourceServers:
             self._task_group = None
             running, self._running = self._running, {}
             await asyncio.gather(*(_cancel(r.task) for r in running.values()))
+            owed = [*self._owed, *(r.lifecycle for r in running.values())]
+            self._owed.clear()
+            await asyncio.gather(*(lifecycle.stop() for lifecycle in owed))
 
     @property
     def servers(self) -> Mapping[str, ResourceServer]:
         return {name: running.server for name, running in self._running.items()}
+
+    @property
+    def lifecycles(self) -> Mapping[str, Lifecycle]:
+        return {name: running.lifecycle for name, running in self._running.items()}
 
     def unregistered(self) -> list[str]:
         """The resources served but not registered with the kubelet (now)."""
@@ -107,8 +122,15 @@ class ResourceServers:
                 extension=self.extension,
                 events=self.events,
             )
-            task = self._task_group.create_task(server.run(), name=f"server:{name}")
-            self._running[name] = _Running(server, task)
+            lifecycle = Lifecycle(
+                name,
+                hooks.get(name),
+                timeout_s=self.timing.hook_timeout_s,
+                retry_initial_s=self.timing.start_retry_initial_s,
+                retry_max_s=self.timing.start_retry_max_s,
+            )
+            task = self._task_group.create_task(_serve(server, lifecycle), name=f"server:{name}")
+            self._running[name] = _Running(server, lifecycle, task)
         if change.removed:
             await asyncio.gather(*(self._retire(name) for name in change.removed))
 
@@ -120,7 +142,16 @@ class ResourceServers:
         finally:
             # Even when cancelled mid-drain (SIGTERM), the server must not outlive its entry.
             self._running.pop(name, None)
+            self._owed.add(running.lifecycle)
             await _cancel(running.task)
+        self._owed.discard(running.lifecycle)
+        await running.lifecycle.stop()
+
+
+async def _serve(server: ResourceServer, lifecycle: Lifecycle) -> None:
+    """The resource's task: its start hook returns before the server listens or registers."""
+    await lifecycle.start()
+    await server.run()
 
 
 async def _cancel(task: asyncio.Task[None]) -> None:

@@ -7,7 +7,9 @@ event loop. Hooks mirror Intel's device plugin framework; each is a separate Pro
 scanner implements only what it needs, and the server discovers them with ``isinstance``.
 Hook methods run on the event loop and may be plain functions or coroutines: a plain function
 must be quick (no file or device I/O), since every RPC of the daemon waits while it runs; do
-slow work in a coroutine with ``asyncio.to_thread``. Scanners should let
+slow work in a coroutine with ``asyncio.to_thread``. The lifecycle hooks
+(:class:`ResourceStarter`, :class:`ResourceStopper`) are the exception: they exist to do slow
+work, so a plain function there runs in a worker thread. Scanners should let
 :class:`~devplug.errors.ScanCancelled` (raised by the source when the daemon stops) propagate.
 """
 
@@ -123,3 +125,39 @@ class ContainerPreStarter(Protocol):
     def pre_start_container(
         self, resource: str, device_ids: Sequence[str]
     ) -> Awaitable[None] | None: ...
+
+
+@runtime_checkable
+class ResourceStarter(Protocol):
+    """Prepares a resource before the kubelet learns of it (bind drivers, create VFs, load
+    firmware): KubeVirt's device plugin manager's ``Start``.
+
+    ``start(resource)`` is awaited when the resource first appears in the scanner's tree,
+    before its first Register; the server does not even listen until it returns. A kubelet
+    restart does not call it again (the resource stays prepared and simply re-registers); a
+    resource that was stopped (it left the tree, or the daemon restarted) is started again.
+    An exception, or a run past the daemon's hook timeout (60 s by default), keeps the resource
+    unregistered: the failure is logged with its reason and ``start`` is called again with
+    back-off (1 s doubling to 60 s) until it returns; the daemon and its other resources go on.
+    Make it idempotent: a retry may follow a half-done attempt.
+
+    A coroutine function runs on the event loop and is cancelled at the timeout; a plain
+    function runs in a worker thread, which a timeout cannot stop: a retry then waits for it.
+    """
+
+    def start(self, resource: str) -> Awaitable[None] | None: ...
+
+
+@runtime_checkable
+class ResourceStopper(Protocol):
+    """Tears a resource down after the kubelet let go of it: KubeVirt DPM's ``Stop``.
+
+    ``stop(resource)`` runs once the resource's last (empty) list was sent and its server
+    stopped, when the resource leaves the scanner's tree, and for every served resource when
+    the daemon shuts down (after its servers stopped). It runs only for resources whose
+    ``start`` returned (or that have no ``start``), on the scanner whose ``start`` ran. An
+    exception or a timeout is logged; nothing retries it. Threads and timeouts as for
+    :class:`ResourceStarter`.
+    """
+
+    def stop(self, resource: str) -> Awaitable[None] | None: ...

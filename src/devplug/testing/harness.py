@@ -32,6 +32,9 @@ FAST_TIMING = ServerTiming(
     stat_backstop_s=0.5,
     drain_timeout_s=1.0,
     in_use_probe_s=0.5,
+    hook_timeout_s=5.0,
+    start_retry_initial_s=0.01,
+    start_retry_max_s=0.2,
 )
 
 

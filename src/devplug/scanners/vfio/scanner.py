@@ -309,9 +309,7 @@ class VfioScanner:
         return self.settings.default_resource(first.vendor, first.device)
 
 
-def requested_function(
-    on_vfio: Sequence[PciFunction], selectors: frozenset[str]
-) -> PciFunction:
+def requested_function(on_vfio: Sequence[PciFunction], selectors: frozenset[str]) -> PciFunction:
     """The function a VM gets when it asks for the group (``on_vfio`` non-empty, in address
     order): the first one a selector of the group's resource names, else the first one.
 
