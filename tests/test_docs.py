@@ -2,18 +2,21 @@
 
 - Every field of the settings models is documented in docs/configuration.md, as its dotted path
   in a table row, and every setting named there exists.
-- The Python blocks of docs/writing-a-scanner.md run, in order, in one namespace, and each test
-  function they define passes (with the fixtures it names; ``tmp_path`` is a short directory,
-  as unix socket paths need).
+- The code blocks of docs/writing-a-scanner.md, put in the files they name, import, and each
+  test function they define passes (with the fixtures it names; ``tmp_path`` is a short
+  directory, as unix socket paths need). tests/test_guide_venv.py runs the same files the way
+  an outsider does: devplug installed into a fresh virtualenv, pytest, the plugin's commands.
 - Every metric of the daemon's registry is described in docs/operations.md.
 - Every ``devplug ...`` command line in the docs' shell blocks parses with devplug's own parser.
 """
 
 from __future__ import annotations
 
+import importlib
 import inspect
 import re
 import shlex
+import sys
 import types
 import typing
 from collections.abc import Iterator
@@ -145,29 +148,72 @@ def python_blocks(text: str) -> list[str]:
     return re.findall(r"^```python\n(.*?)^```", text, flags=re.DOTALL | re.MULTILINE)
 
 
-def guide_tests() -> list[str]:
+def guide_files(text: str | None = None) -> dict[str, str]:
+    """The guide's files: each code block starts with ``# NAME`` (``# NAME (continued)``), and
+    the blocks of one file are joined in order."""
+    text = GUIDE.read_text() if text is None else text
+    files: dict[str, str] = {}
+    for language, body in re.findall(
+        r"^```(python|ini|yaml|toml)\n(.*?)^```", text, flags=re.DOTALL | re.MULTILINE
+    ):
+        header = re.match(r"# ([\w.-]+\.(?:py|ini|yaml|toml))( \(continued\))?\n", body)
+        assert header is not None, f"a {language} block of the guide names no file: {body[:60]!r}"
+        name, continued = header.groups()
+        assert (name in files) == bool(continued), f"{name}: '(continued)' only after its start"
+        files[name] = files.get(name, "") + ("\n\n" if continued else "") + body
+    return files
+
+
+def guide_tests() -> list[tuple[str, str]]:
     return [
-        name
-        for block in python_blocks(GUIDE.read_text())
-        for name in re.findall(r"^(?:async )?def (test_\w+)\(", block, flags=re.MULTILINE)
+        (name.removesuffix(".py"), test)
+        for name, body in guide_files().items()
+        if name.startswith("test_") and name.endswith(".py")
+        for test in re.findall(r"^(?:async )?def (test_\w+)\(", body, flags=re.MULTILINE)
     ]
 
 
-def test_the_guide_has_a_scanner_and_its_tests() -> None:
-    blocks = python_blocks(GUIDE.read_text())
-    assert len(blocks) >= 3
-    assert any(re.search(r"def scan\(self, source: UdevSource\)", b) for b in blocks)
-    assert len(guide_tests()) >= 2
+def test_the_guide_has_a_scanner_its_entry_point_and_its_tests() -> None:
+    files = guide_files()
+    assert {"misc_plugin.py", "test_misc_plugin.py", "pytest.ini", "config.yaml"} <= set(files)
+    assert re.search(r"def scan\(self, source: UdevSource\)", files["misc_plugin.py"])
+    assert "asyncio_mode = auto" in files["pytest.ini"]
+    assert len(guide_tests()) >= 3
 
 
-@pytest.mark.parametrize("name", guide_tests())
+def test_every_guide_block_is_in_a_file() -> None:
+    """A block outside the files would not run in the outsider's test below."""
+    text = GUIDE.read_text()
+    for language, body in re.findall(
+        r"^```(python|ini|yaml|toml)\n(.*?)^```", text, flags=re.DOTALL | re.MULTILINE
+    ):
+        assert body.startswith("# "), f"a {language} block names no file"
+
+
+@pytest.fixture
+def guide_dir(short_dir: Path) -> Iterator[Path]:
+    """The guide's files in a directory that is importable for the duration of a test."""
+    directory = short_dir / "plugin"
+    directory.mkdir()
+    for name, body in guide_files().items():
+        (directory / name).write_text(body)
+    before = set(sys.modules)
+    sys.path.insert(0, str(directory))
+    try:
+        yield directory
+    finally:
+        sys.path.remove(str(directory))
+        for name in set(sys.modules) - before:
+            module = sys.modules[name]
+            if str(directory) in str(getattr(module, "__file__", "") or ""):
+                del sys.modules[name]
+
+
+@pytest.mark.parametrize(("module", "name"), guide_tests())
 async def test_the_scanner_guide_runs(
-    name: str, short_dir: Path, request: pytest.FixtureRequest
+    module: str, name: str, guide_dir: Path, short_dir: Path, request: pytest.FixtureRequest
 ) -> None:
-    namespace: dict[str, Any] = {"__name__": "writing_a_scanner"}
-    for index, block in enumerate(python_blocks(GUIDE.read_text())):
-        exec(compile(block, f"{GUIDE.name}:python-block-{index}", "exec"), namespace)
-    function = namespace[name]
+    function = getattr(importlib.import_module(module), name)
     if "UmockdevHost" in function.__code__.co_names and not preload_active():
         pytest.skip("needs umockdev's preload: run under umockdev-wrapper")
     arguments = {
