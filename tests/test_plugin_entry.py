@@ -2,7 +2,9 @@
 
 The child process runs a small script that imports only devplug's public names (plus a
 StaticScanner from devplug.testing as its scanner); the kubelet simulator in this process
-sees it register, list, reload on SIGHUP and stop on SIGTERM.
+sees it register, list, reload on SIGHUP and stop on SIGTERM or SIGQUIT. The script can hold
+its loader on a line of stdin (``hold: first`` or ``hold: reload``), which puts a signal at a
+known point of the start-up or of the shutdown.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from devplug.testing import KubeletSimulator
 
 RESOURCE = "example.com/dummy"
 SCRIPT = """
+import json
 import sys
 from pathlib import Path
 
@@ -26,29 +29,44 @@ from devplug import ConfigError, DeviceInfo, DeviceNode, load_settings, serve
 from devplug.testing.harness import StaticScanner
 
 CONFIG = Path(sys.argv[1])
+CALLS = []
+
+
+def say(event, **fields):
+    print(json.dumps({"event": event, **fields}), file=sys.stderr, flush=True)
+
+
+class Scanner(StaticScanner):
+    def stop(self, resource):
+        say("test.resource.stopped", resource=resource)
 
 
 def load():
+    CALLS.append(1)
     settings = load_settings(CONFIG)
-    count = (settings.scanners.get("dummy") or {}).get("count", 1)
+    section = settings.scanners.get("dummy") or {}
+    count = section.get("count", 1)
     if not isinstance(count, int) or count < 1:
         raise ConfigError("scanners.dummy.count", f"must be a positive integer, got {count!r}")
+    if section.get("hold") == ("first" if len(CALLS) == 1 else "reload"):
+        say("test.load.held", call=len(CALLS))
+        sys.stdin.readline()
     info = DeviceInfo(nodes=(DeviceNode("/dev/null"),))
     devices = {f"dev{i}": info for i in range(count)}
-    return settings, [StaticScanner({"example.com/dummy": devices})]
+    return settings, [Scanner({"example.com/dummy": devices})]
 
 
 sys.exit(serve(load, program="dummy-plugin"))
 """
 
 
-def write_config(directory: Path, kubelet_dir: Path, count: object) -> Path:
+def write_config(directory: Path, kubelet_dir: Path, count: object, hold: str = "none") -> Path:
     config = directory / "config.yaml"
     config.write_text(
         f"kubelet_dir: {kubelet_dir}\n"
         "log_format: json\n"
         f"cdi: {{dir: {directory / 'cdi'}}}\n"
-        f"scanners:\n  dummy:\n    count: {count}\n"
+        f"scanners:\n  dummy:\n    count: {count}\n    hold: {hold}\n"
     )
     return config
 
@@ -60,6 +78,7 @@ async def start(directory: Path, config: Path) -> asyncio.subprocess.Process:
         sys.executable,
         str(script),
         str(config),
+        stdin=asyncio.subprocess.PIPE,
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
         env={k: v for k, v in os.environ.items() if not k.startswith("DEVPLUG_")},
@@ -153,6 +172,93 @@ async def test_a_loader_that_raises_something_else_exits_1_with_its_traceback(
     text = stderr.decode()
     assert text.startswith("dummy-plugin: cannot start: loading the configuration failed\n")
     assert "Traceback" in text and "AttributeError" in text
+
+
+async def finish(process: asyncio.subprocess.Process) -> tuple[bytes, bytes]:
+    try:
+        return await asyncio.wait_for(process.communicate(), 60)
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
+
+
+def events_of(seen: list[dict[str, object]], stderr: bytes) -> list[str]:
+    return [str(e["event"]) for e in seen] + [
+        json.loads(line)["event"] for line in stderr.decode().splitlines()
+    ]
+
+
+async def test_sigquit_stops_like_sigterm(
+    kubelet: KubeletSimulator, kubelet_dir: Path, short_dir: Path
+) -> None:
+    """KubeVirt's device plugin manager stops on SIGQUIT too: an orderly stop, exit 0."""
+    process = await start(short_dir, write_config(short_dir, kubelet_dir, 1))
+    seen: list[dict[str, object]] = []
+    try:
+        await kubelet.wait_for_plugin(RESOURCE, timeout=60)
+        await read_until(process, "daemon.ready", seen)
+        process.send_signal(signal.SIGQUIT)
+    finally:
+        stdout, stderr = await finish(process)
+    assert process.returncode == 0, stderr.decode()
+    assert stdout == b""
+    names = events_of(seen, stderr)
+    # The scanner's stop hook ran, after the stop began and before the daemon was done.
+    assert names.index("daemon.stopping") < names.index("test.resource.stopped")
+    assert names.index("test.resource.stopped") < names.index("daemon.stopped")
+    assert sorted(p.name for p in kubelet_dir.iterdir()) == [
+        "kubelet.sock",
+        "kubelet_internal_checkpoint",
+    ]
+
+
+async def test_a_sighup_while_the_config_loads_does_not_kill_and_is_applied(
+    kubelet: KubeletSimulator, kubelet_dir: Path, short_dir: Path
+) -> None:
+    """The first moments of the process (loading the config, importing gRPC) are when a
+    SIGHUP's default action would kill it; it is a reload request once the daemon runs."""
+    config = write_config(short_dir, kubelet_dir, 2, hold="first")
+    process = await start(short_dir, config)
+    assert process.stdin is not None
+    seen: list[dict[str, object]] = []
+    try:
+        await read_until(process, "test.load.held", seen)
+        write_config(short_dir, kubelet_dir, 3)  # changed after the loader read it
+        process.send_signal(signal.SIGHUP)
+        process.stdin.write(b"go\n")
+        await process.stdin.drain()
+        session = await kubelet.wait_for_plugin(RESOURCE, timeout=60)
+        await session.wait_for_update(lambda listed: set(listed) == {"dev0", "dev1", "dev2"})
+        process.send_signal(signal.SIGTERM)
+    finally:
+        _, stderr = await finish(process)
+    assert process.returncode == 0, stderr.decode()
+    assert "config.reloaded" in events_of(seen, stderr)
+
+
+async def test_a_second_sigterm_during_shutdown_still_exits_0(
+    kubelet: KubeletSimulator, kubelet_dir: Path, short_dir: Path
+) -> None:
+    """After the daemon stopped, asyncio still waits for worker threads (here a reload's
+    loader, held on stdin): a second SIGTERM then must not kill the process."""
+    process = await start(short_dir, write_config(short_dir, kubelet_dir, 1, hold="reload"))
+    assert process.stdin is not None
+    seen: list[dict[str, object]] = []
+    try:
+        await kubelet.wait_for_plugin(RESOURCE, timeout=60)
+        await read_until(process, "daemon.ready", seen)
+        process.send_signal(signal.SIGHUP)
+        await read_until(process, "test.load.held", seen)
+        process.send_signal(signal.SIGTERM)
+        await read_until(process, "daemon.stopped", seen)
+        process.send_signal(signal.SIGTERM)
+        process.send_signal(signal.SIGQUIT)
+        process.stdin.write(b"go\n")
+        await process.stdin.drain()
+    finally:
+        _, stderr = await finish(process)
+    assert process.returncode == 0, stderr.decode()
 
 
 def test_importing_devplug_stays_light() -> None:

@@ -3,15 +3,25 @@ a plugin author's own (``devplug run`` knows only the built-in scanners).
 
 The daemon itself (and with it gRPC) is imported when :func:`serve` runs, so that importing
 :mod:`devplug` stays light for scanners and their tests.
+
+Signals: SIGTERM, SIGINT and SIGQUIT stop the daemon in order (exit 0), SIGHUP reloads the
+config. :class:`SignalGuard` holds them from the first thing :func:`serve` does until it
+returns, so that no signal meets its default action (which kills) while the config loads,
+gRPC imports, the daemon shuts down or asyncio waits for worker threads after it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
+import signal
 import sys
+import threading
 import traceback
 from collections.abc import Callable, Sequence
+from types import FrameType
+from typing import TYPE_CHECKING, Any
 
 import structlog
 
@@ -20,34 +30,101 @@ from devplug.errors import ConfigError
 from devplug.logconfig import configure
 from devplug.scanners.base import Scanner
 
+if TYPE_CHECKING:
+    from devplug.daemon import Daemon
+
 EXIT_CONFIG = 2  # bad usage or configuration: nothing was served
+# The same sets as devplug.daemon's, which is imported only when the daemon runs.
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT)
+HANDLED_SIGNALS = (*STOP_SIGNALS, signal.SIGHUP)
 
 # Reads the configuration and builds the scanners; raises ConfigError naming the bad field.
 # Called at start and again on every SIGHUP.
 Loader = Callable[[], tuple[Settings, Sequence[Scanner]]]
 
 
-def serve(load: Loader, *, program: str = "devplug") -> int:
-    """Load the configuration, configure logging, and serve until SIGTERM or SIGINT; SIGHUP
-    calls ``load`` again and applies the result (a refused one keeps the running config).
+class SignalGuard:
+    """The process's handlers for the stop signals and SIGHUP while devplug serves.
 
-    Returns the exit status: 0 after an orderly stop, 2 for a configuration error (printed to
-    stderr as ``<program>: configuration error: ...``; nothing was served), 1 if ``load``
-    raised anything else (its traceback on stderr) or the daemon crashed (logged).
+    Before the daemon runs a stop signal is remembered (nothing is served) and a SIGHUP asks
+    for a reload as soon as it runs (the config may have changed after it was read). While it
+    runs, its own loop handlers take over (:func:`devplug.daemon.run_until_signalled`), and
+    give these back when it returns; a stop signal after that, while asyncio waits for worker
+    threads (a reload's loader, a scan), only says what is already happening.
     """
+
+    def __init__(self) -> None:
+        self.stop_requested = False
+        self.reload_requested = False
+        self._target: tuple[asyncio.AbstractEventLoop, Daemon] | None = None
+        self._previous: dict[int, Any] = {}
+
+    def install(self) -> None:
+        """Take over the signals (only the main thread may: elsewhere this does nothing)."""
+        if threading.current_thread() is not threading.main_thread():
+            return
+        for signum in HANDLED_SIGNALS:
+            self._previous.setdefault(signum, signal.getsignal(signum))
+            signal.signal(signum, self._handle)
+
+    def restore(self) -> None:
+        for signum, handler in self._previous.items():
+            if handler is not None:
+                signal.signal(signum, handler)
+        self._previous.clear()
+
+    def attach(self, loop: asyncio.AbstractEventLoop, daemon: Daemon) -> None:
+        """Pass signals to ``daemon`` from now on, and those that came before it existed."""
+        self._target = (loop, daemon)
+        if self.stop_requested:
+            daemon.request_stop()
+        elif self.reload_requested:
+            daemon.request_reload()
+
+    def detach(self) -> None:
+        self._target = None
+
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
+        reload = signum == signal.SIGHUP
+        if reload:
+            self.reload_requested = True
+        else:
+            self.stop_requested = True
+        if self._target is not None:
+            loop, daemon = self._target
+            with contextlib.suppress(RuntimeError):  # the loop is closed: nothing to tell
+                loop.call_soon_threadsafe(daemon.request_reload if reload else daemon.request_stop)
+
+
+def serve(load: Loader, *, program: str = "devplug") -> int:
+    """Load the configuration, configure logging, and serve until SIGTERM, SIGINT or SIGQUIT;
+    SIGHUP calls ``load`` again and applies the result (a refused one keeps the running
+    config). The signals are handled from the start: a SIGHUP while ``load`` runs is applied
+    once the daemon runs, a stop signal then ends the process without serving.
+
+    Returns the exit status: 0 after an orderly stop (however many stop signals came), 2 for a
+    configuration error (printed to stderr as ``<program>: configuration error: ...``; nothing
+    was served), 1 if ``load`` raised anything else (its traceback on stderr) or the daemon
+    crashed (logged).
+    """
+    guard = SignalGuard()
+    guard.install()  # first: a SIGHUP's default action kills, and loading takes a while
     try:
-        settings, scanners = load()
-    except ConfigError as exc:
-        print(f"{program}: configuration error: {exc}", file=sys.stderr)
-        return EXIT_CONFIG
-    except Exception:
-        # A bug in the loader, not a wrong config: the traceback is what its author needs
-        # (logging is not configured yet).
-        print(f"{program}: cannot start: loading the configuration failed", file=sys.stderr)
-        traceback.print_exc()
-        return 1
-    configure(settings.log_format, settings.log_level)
-    return run_daemon(settings, scanners, load, program=program)
+        try:
+            settings, scanners = load()
+        except ConfigError as exc:
+            print(f"{program}: configuration error: {exc}", file=sys.stderr)
+            return EXIT_CONFIG
+        except Exception:
+            # A bug in the loader, not a wrong config: the traceback is what its author needs
+            # (logging is not configured yet).
+            print(f"{program}: cannot start: loading the configuration failed", file=sys.stderr)
+            traceback.print_exc()
+            return 1
+        configure(settings.log_format, settings.log_level)
+        return run_daemon(settings, scanners, load, program=program, guard=guard)
+    finally:
+        guard.restore()
 
 
 def run_daemon(
@@ -56,18 +133,34 @@ def run_daemon(
     reload_config: Loader | None = None,
     *,
     program: str = "devplug",
+    guard: SignalGuard | None = None,
 ) -> int:
-    """Serve ``scanners`` with ``settings`` (logging already configured); see :func:`serve`."""
+    """Serve ``scanners`` with ``settings`` (logging already configured); see :func:`serve`.
+    Without ``guard`` (one :func:`serve` installed), one is installed for the call."""
+    if guard is None:
+        guard = SignalGuard()
+        guard.install()
+        try:
+            return run_daemon(settings, scanners, reload_config, program=program, guard=guard)
+        finally:
+            guard.restore()
+    if guard.stop_requested:
+        structlog.get_logger("devplug.daemon").info("daemon.stopped", served=False)
+        return 0
     # grpc's C core logs to stderr on its own; keep its informational lines out of our JSON.
     os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
     from devplug.daemon import Daemon, run_until_signalled
 
-    async def main() -> None:
+    async def main(guard: SignalGuard) -> None:
         daemon = Daemon(settings, scanners, freeze_gc=True, config_loader=reload_config)
-        await run_until_signalled(daemon)
+        guard.attach(asyncio.get_running_loop(), daemon)
+        try:
+            await run_until_signalled(daemon)
+        finally:
+            guard.detach()
 
     try:
-        asyncio.run(main())
+        asyncio.run(main(guard))
     except Exception as exc:
         refused = _config_error_in(exc)
         if refused is not None:
