@@ -686,6 +686,11 @@ def check_preferred(
     devices = TREES[resource]
     available = list(container.available_deviceIDs)
     must = list(dict.fromkeys(container.must_include_deviceIDs))
+    # More ids offered than advertised: no kubelet does that; the unknown ones are dropped.
+    if len(available) > len(devices):
+        available = [i for i in available if i in devices]
+    if len(container.must_include_deviceIDs) > len(devices):
+        must = [i for i in must if i in devices]
     size = container.allocation_size
     assert len(answer) == len(set(answer)), f"duplicate ids in {_ids(answer)}"
     assert answer[: len(must)] == must, "must_include ids do not come first"

@@ -28,6 +28,54 @@ def _id_list(ids: Sequence[str]) -> str:
     return shown + (f" and {more} more" if more > 0 else "")
 
 
+# Containers in one Allocate: the kubelet sends one per call, and a pod has at most dozens.
+MAX_CONTAINERS = 1024
+
+
+def check_size(
+    resource: str, requests: Sequence[Sequence[str]], devices: Mapping[str, DeviceInfo]
+) -> None:
+    """Raise AllocationError when a container names more ids than the resource advertises, or
+    a request has more than MAX_CONTAINERS containers: no kubelet sends that, and answering it
+    would cost memory in proportion to what the client sent. ``requests`` may be the message's
+    own repeated fields: nothing is copied, and the walk that names offending ids stops after
+    a few of them (it meets one within the first ``len(devices) + 1`` ids)."""
+    if len(requests) > MAX_CONTAINERS:
+        raise AllocationError(
+            "invalid",
+            f"{resource}: the request has {len(requests)} containers; at most "
+            f"{MAX_CONTAINERS} are answered",
+        )
+    for ids in requests:
+        if len(ids) <= len(devices):
+            continue
+        unknown: list[str] = []
+        twice: list[str] = []
+        seen: set[str] = set()
+        for device_id in ids:
+            if device_id not in devices:
+                unknown.append(device_id)
+            elif device_id in seen:
+                twice.append(device_id)
+            else:
+                seen.add(device_id)
+            if len(unknown) + len(twice) >= MAX_IDS_IN_MESSAGE:
+                break
+        summary = f"the request names {len(ids)} ids, {len(devices)} devices are advertised"
+        if twice:
+            raise AllocationError(
+                "invalid",
+                f"{resource}: device ids requested twice for one container: "
+                f"{_id_list(twice)} ({summary})",
+                tuple(twice),
+            )
+        raise AllocationError(
+            "not_found",
+            f"{resource}: unknown device ids: {_id_list(unknown)} ({summary})",
+            tuple(unknown),
+        )
+
+
 def check_request(
     resource: str, requests: Sequence[Sequence[str]], devices: Mapping[str, DeviceInfo]
 ) -> None:

@@ -4,6 +4,15 @@ Every handler reads one snapshot of the resource's devices, so an answer is alwa
 with one advertised list, even while the list changes underneath. Errors a request deserves
 become gRPC statuses naming the ids; anything else is logged and answered INTERNAL, and the
 server keeps serving.
+
+Any local client that can open the socket is bounded: a container naming more ids than the
+resource advertises (or a request of more than 256 containers) is refused before anything is
+built for it; the
+default-answer cache is bounded in bytes; at most ``MAX_STREAMS`` ListAndWatch streams are open
+at once (the kubelet opens one); a stream that does not read holds only the message in flight
+and gets the latest list when it reads again. GetPreferredAllocation never fails a pod over a
+bogus request: offered ids the resource does not advertise are dropped when there are more
+of them than it advertises, and a large default answer is worked out off the event loop.
 """
 
 from __future__ import annotations
@@ -21,7 +30,12 @@ from devplug._kits.values import LatestValue
 from devplug._proto import deviceplugin_v1beta1_pb2 as pb
 from devplug._proto import deviceplugin_v1beta1_pb2_grpc as pb_grpc
 from devplug.errors import AllocationError
-from devplug.kubelet.allocation import check_request, default_allocation, default_preferred
+from devplug.kubelet.allocation import (
+    check_request,
+    check_size,
+    default_allocation,
+    default_preferred,
+)
 from devplug.kubelet.seams import AnswerExtension, NoServingEvents, ServingEvents
 from devplug.kubelet.wire import ListMessageBuilder, container_response
 from devplug.model import ContainerAllocation, DeviceMap
@@ -34,9 +48,17 @@ T = TypeVar("T")
 _STATUS = {"not_found": grpc.StatusCode.NOT_FOUND, "invalid": grpc.StatusCode.INVALID_ARGUMENT}
 
 
-# Bounds the default-answer cache: a node has at most a few thousand distinct id lists in use.
+# Bounds the default-answer cache: a node has at most a few thousand distinct id lists in use,
+# and their answers a few hundred bytes each; one cache fills at 4,096 answers or 4 MiB.
 MAX_CACHED_ANSWERS = 4096
+MAX_CACHED_ANSWER_BYTES = 4 * 1024 * 1024
 MAX_LOGGED_IDS = 32
+# ListAndWatch streams one server keeps open at once: the kubelet opens one per registration;
+# the margin covers a restarting kubelet's old stream and a debugging client.
+MAX_STREAMS = 4
+# Above this many offered ids the default preferred-allocation policy (a sort, then a few
+# lookups per id) runs in a worker thread instead of on the event loop.
+PREFERRED_OFF_LOOP_IDS = 2000
 
 
 async def _resolve(value: T | Awaitable[T]) -> T:
@@ -79,8 +101,11 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
         self.events = events if events is not None else NoServingEvents()
         self.devices = devices
         self.bind(hooks)
-        # Default answers per id list, valid for one device snapshot (cleared when it changes).
+        # Default answers per id list, valid for one device snapshot (cleared when it changes),
+        # and their serialized size in all.
         self._answers: dict[tuple[str, ...], pb.ContainerAllocateResponse] = {}
+        self._answer_bytes = 0
+        self.refused_streams = 0
         # The ListAndWatch message of the current snapshot, shared by every open stream.
         self._listed: tuple[DeviceMap, pb.ListAndWatchResponse] | None = None
         self._list_builder = ListMessageBuilder()
@@ -113,6 +138,15 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
         request: pb.Empty,
         context: grpc.aio.ServicerContext[pb.Empty, pb.ListAndWatchResponse],
     ) -> AsyncIterator[pb.ListAndWatchResponse]:
+        if self.active_streams >= MAX_STREAMS:
+            self.refused_streams += 1
+            self._log.warning(
+                "listandwatch.refused", streams=self.active_streams, limit=MAX_STREAMS
+            )
+            await context.abort(
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                f"{self.resource}: {MAX_STREAMS} ListAndWatch streams are open already",
+            )
         self.active_streams += 1
         self.idle.clear()
         self._log.info("listandwatch.opened", streams=self.active_streams)
@@ -146,9 +180,12 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
         request: pb.AllocateRequest,
         context: grpc.aio.ServicerContext[pb.AllocateRequest, pb.AllocateResponse],
     ) -> pb.AllocateResponse:
-        requests = [list(c.devices_ids) for c in request.container_requests]
+        devices = self.devices.value
         async with self._answering(context, "allocate"):
-            responses = await self._allocate(requests, self.devices.value)
+            # Counted on the message, before any list is built for it.
+            check_size(self.resource, [c.devices_ids for c in request.container_requests], devices)
+            requests = [list(c.devices_ids) for c in request.container_requests]
+            responses = await self._allocate(requests, devices)
         self.events.allocated(self.resource, "ok")
         self._log.info("allocate.complete", devices=_loggable(requests))
         return pb.AllocateResponse(container_responses=responses)
@@ -191,14 +228,20 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
             self._answers_for[0] is not devices or self._answers_for[1] != state[1]
         ):
             self._answers.clear()
+            self._answer_bytes = 0
             self._answers_for = state
         key = tuple(ids)
         cached = self._answers.get(key)
         if cached is None:
             answer = self._extended(ids, default_allocation(ids, devices), devices)
             cached = container_response(answer)
-            if len(self._answers) < MAX_CACHED_ANSWERS:
+            size = cached.ByteSize() + sum(len(i) for i in ids)
+            if (
+                len(self._answers) < MAX_CACHED_ANSWERS
+                and self._answer_bytes + size <= MAX_CACHED_ANSWER_BYTES
+            ):
                 self._answers[key] = cached
+                self._answer_bytes += size
         return cached
 
     async def GetPreferredAllocation(
@@ -211,8 +254,8 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
         devices = self.devices.value
         responses = []
         for container in request.container_requests:
-            available = list(container.available_deviceIDs)
-            must_include = list(container.must_include_deviceIDs)
+            available = advertised_only(container.available_deviceIDs, devices)
+            must_include = advertised_only(container.must_include_deviceIDs, devices)
             size = container.allocation_size
             chosen = await self._preferred(available, must_include, size, devices)
             responses.append(pb.ContainerPreferredAllocationResponse(deviceIDs=chosen))
@@ -251,8 +294,8 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
                 if len(chosen) >= size:
                     return chosen[: max(size, len(set(must_include)))]
                 # A short answer is topped up by the default policy.
-                return default_preferred(available, chosen, size, devices)
-        return default_preferred(available, must_include, size, devices)
+                return await _default_preferred(available, chosen, size, devices)
+        return await _default_preferred(available, must_include, size, devices)
 
     async def PreStartContainer(
         self,
@@ -261,9 +304,11 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
             pb.PreStartContainerRequest, pb.PreStartContainerResponse
         ],
     ) -> pb.PreStartContainerResponse:
-        ids = list(request.devices_ids)
+        devices = self.devices.value
         async with self._answering(context, "prestart"):
-            check_request(self.resource, [ids], self.devices.value)
+            check_size(self.resource, [request.devices_ids], devices)
+            ids = list(request.devices_ids)
+            check_request(self.resource, [ids], devices)
             if self._pre_starter is not None:
                 await _resolve(self._pre_starter.pre_start_container(self.resource, ids))
         return pb.PreStartContainerResponse()
@@ -288,6 +333,23 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
     def _count(self, rpc: str, result: str) -> None:
         if rpc == "allocate":
             self.events.allocated(self.resource, result)
+
+
+def advertised_only(ids: Sequence[str], devices: DeviceMap) -> list[str]:
+    """``ids`` as a list; only the advertised ones when there are more ids than advertised
+    devices (no real request offers that many: the kubelet offers what it was sent)."""
+    if len(ids) <= len(devices):
+        return list(ids)
+    return [i for i in ids if i in devices]
+
+
+async def _default_preferred(
+    available: list[str], must_include: list[str], size: int, devices: DeviceMap
+) -> list[str]:
+    """The default policy, in a worker thread when the request is large."""
+    if len(available) + len(must_include) <= PREFERRED_OFF_LOOP_IDS:
+        return default_preferred(available, must_include, size, devices)
+    return await asyncio.to_thread(default_preferred, available, must_include, size, devices)
 
 
 def _check_count(answers: Sequence[object], requests: Sequence[object]) -> None:

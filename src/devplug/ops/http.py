@@ -4,21 +4,32 @@ prometheus_client's own server runs in threads; devplug keeps to one event loop,
 serves GET and HEAD of three fixed paths with asyncio streams. ``/healthz`` answers when the
 loop does (the handler runs on it); ``/readyz`` is 200 once every advertised resource is
 registered with the kubelet, 503 with the missing ones otherwise.
+
+The port is unauthenticated, so no client may starve the daemon through it: at most
+``MAX_CONNECTIONS`` connections are served at once (the rest are closed as soon as they are
+accepted, so each costs a file descriptor only for that moment), and each connection, reading
+and writing included, is cut after ``CONNECTION_TIMEOUT_S``. Idle connections beyond the cap
+wait in the kernel's accept queue, which costs the daemon nothing.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import Callable
 
 import structlog
 from prometheus_client import CONTENT_TYPE_LATEST
 
+from devplug._kits.problems import ProblemLog
+
 log = structlog.get_logger("devplug.http")
 
 MAX_HEADER_BYTES = 8192
-READ_TIMEOUT_S = 5.0
+# A scrape or a probe takes milliseconds; a client holding a connection longer is idle or
+# hostile. The whole exchange (request, answer, close) must fit in this.
+CONNECTION_TIMEOUT_S = 5.0
+# Prometheus and the kubelet's probes open one connection each at a time.
+MAX_CONNECTIONS = 32
 
 
 class StatusEndpoint:
@@ -28,11 +39,19 @@ class StatusEndpoint:
         port: int,
         metrics: Callable[[], bytes],
         not_ready: Callable[[], list[str]],
+        *,
+        max_connections: int = MAX_CONNECTIONS,
+        timeout_s: float = CONNECTION_TIMEOUT_S,
     ) -> None:
         self.host, self.port = host, port
         self._metrics = metrics
         self._not_ready = not_ready
         self._server: asyncio.Server | None = None
+        self.max_connections = max_connections
+        self.timeout_s = timeout_s
+        self.active = 0  # connections being served now
+        self.refused = 0  # connections closed at once because ``max_connections`` were open
+        self._capped = ProblemLog()
 
     async def start(self) -> None:
         self._server = await asyncio.start_server(
@@ -50,25 +69,45 @@ class StatusEndpoint:
             self._server = None
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if self.active >= self.max_connections:
+            self.refused += 1
+            self._capped.report(
+                log,
+                "http.connections.capped",
+                f"{self.max_connections} connections open",
+                level="warning",
+                field="state",
+                consequence="new connections are closed until some end",
+            )
+            writer.transport.abort()
+            return
+        if self._capped.solved():
+            log.info("http.connections.below_cap", refused=self.refused)
+        self.active += 1
         try:
-            async with asyncio.timeout(READ_TIMEOUT_S):
+            async with asyncio.timeout(self.timeout_s):
                 request = await reader.readuntil(b"\r\n\r\n")
-            method, path = _request_line(request)
-            status, content_type, body = self._answer(method, path)
-            head = (
-                f"HTTP/1.1 {status}\r\nContent-Type: {content_type}\r\n"
-                f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
-            ).encode()
-            writer.write(head if method == "HEAD" else head + body)
-            await writer.drain()
-        except (TimeoutError, asyncio.IncompleteReadError, asyncio.LimitOverrunError):
-            pass  # a client that sends nothing sensible gets nothing
-        except ConnectionError:
-            pass
-        finally:
-            writer.close()
-            with contextlib.suppress(ConnectionError):
+                method, path = _request_line(request)
+                status, content_type, body = self._answer(method, path)
+                head = (
+                    f"HTTP/1.1 {status}\r\nContent-Type: {content_type}\r\n"
+                    f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
+                ).encode()
+                writer.write(head if method == "HEAD" else head + body)
+                await writer.drain()
+                writer.close()
                 await writer.wait_closed()
+        except (
+            TimeoutError,
+            ConnectionError,
+            asyncio.IncompleteReadError,
+            asyncio.LimitOverrunError,
+        ):
+            # A client that sends nothing sensible, or does not read, gets nothing more; abort
+            # drops whatever is still buffered for it at once.
+            writer.transport.abort()
+        finally:
+            self.active -= 1
 
     def _answer(self, method: str, path: str) -> tuple[str, str, bytes]:
         if method not in ("GET", "HEAD"):
