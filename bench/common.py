@@ -92,15 +92,21 @@ def render_ids(count: int) -> list[str]:
 
 @contextlib.asynccontextmanager
 async def daemon_process(
-    config_text: str, kubelet_dir: Path, host: UmockdevHost
+    config_text: str, kubelet_dir: Path, host: UmockdevHost, env: dict[str, str] | None = None
 ) -> AsyncIterator[asyncio.subprocess.Process]:
-    """``devplug run`` in its own process, seeing ``host``, its output discarded."""
+    """``devplug run`` in its own process, seeing ``host``, its output discarded; ``env`` is
+    added to its environment (grpc settings, say)."""
     config = kubelet_dir.parent / "config.yaml"
     config.write_text(config_text)
     async with testing_daemon_process(
-        config, kubelet_dir, env=host.env(), output=asyncio.subprocess.DEVNULL
+        config, kubelet_dir, env={**host.env(), **(env or {})}, output=asyncio.subprocess.DEVNULL
     ) as process:
         yield process
+
+
+def env_pairs(pairs: Sequence[str]) -> dict[str, str]:
+    """``NAME=VALUE`` arguments (``--env``) as a dict."""
+    return dict(pair.split("=", 1) for pair in pairs)
 
 
 def percentile(samples: Sequence[float], fraction: float) -> float:

@@ -10,7 +10,7 @@ Memory: peak RSS (VmHWM) of a daemon that scanned and serves ``--big`` (10,000) 
 after its first list reached the simulator.
 
     umockdev-wrapper .venv/bin/python -m bench.footprint [--devices 1000] [--idle-s 60] \
-        [--big 10000]
+        [--big 10000] [--env GRPC_POLL_STRATEGY=poll ...]
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from bench.common import (
     RENDER_CONFIG,
     RENDER_RESOURCE,
     daemon_process,
+    env_pairs,
     gpu_host,
     require_preload,
     scratch_dir,
@@ -72,17 +73,20 @@ async def measure_idle(pid: int, seconds: float) -> tuple[float, Counter[str]]:
     return cpu_seconds(pid) - cpu, +after
 
 
-async def idle(devices: int, seconds: float) -> None:
+async def idle(devices: int, seconds: float, env: dict[str, str]) -> None:
     with scratch_dir() as scratch:
         host = gpu_host(scratch / "testbed", devices)
         floor = await asyncio.create_subprocess_exec(
-            sys.executable, "-c", f"import grpc, time; time.sleep({seconds + 10})"
+            sys.executable,
+            "-c",
+            f"import grpc, time; time.sleep({seconds + 10})",
+            env={**os.environ, **env},
         )
         kubelet_dir = scratch / "kubelet"
         with host.activated():
             async with (
                 KubeletSimulator(kubelet_dir) as kubelet,
-                daemon_process(RENDER_CONFIG, kubelet_dir, host) as process,
+                daemon_process(RENDER_CONFIG, kubelet_dir, host, env) as process,
             ):
                 session = await kubelet.wait_for_plugin(RENDER_RESOURCE, timeout=60)
                 await session.wait_for_update(lambda listed: len(listed) == devices, timeout=60)
@@ -94,7 +98,7 @@ async def idle(devices: int, seconds: float) -> None:
                 messages = len(session.updates)
         floor.kill()
         await floor.wait()
-    print(f"idle for {seconds:g} s with {devices} devices served ({threads} threads):")
+    print(f"idle for {seconds:g} s with {devices} devices served ({threads} threads), env {env}:")
     print(
         f"  floor (python importing grpc, asleep): cpu {floor_cpu:.3f} s, "
         f"wake-ups {sum(floor_woke.values())}"
@@ -130,10 +134,10 @@ async def peak_rss(devices: int) -> None:
     )
 
 
-async def main(devices: int, seconds: float, big: int) -> None:
+async def main(devices: int, seconds: float, big: int, env: dict[str, str]) -> None:
     require_preload()
     if seconds > 0:
-        await idle(devices, seconds)
+        await idle(devices, seconds, env)
     if big > 0:
         await peak_rss(big)
 
@@ -145,5 +149,8 @@ if __name__ == "__main__":
     parser.add_argument("--devices", type=int, default=1000)
     parser.add_argument("--idle-s", type=float, default=60.0)
     parser.add_argument("--big", type=int, default=10_000)
+    parser.add_argument(
+        "--env", action="append", default=[], help="NAME=VALUE for the daemon and the floor"
+    )
     args = parser.parse_args()
-    asyncio.run(main(args.devices, args.idle_s, args.big))
+    asyncio.run(main(args.devices, args.idle_s, args.big, env_pairs(args.env)))

@@ -132,3 +132,24 @@ def test_narrowed_keeps_subsets_only_and_drops_emptied_resources() -> None:
     copied = tree.narrowed({"example.com/a": given})
     given["x"] = info  # the caller's dict changes: the tree does not
     assert set(copied["example.com/a"]) == {"y"}
+
+
+def test_edit_since_tells_what_with_changes_changed_and_only_for_its_base() -> None:
+    a, b = "example.com/a", "example.com/b"
+    tree = DeviceTree({a: {"x": DeviceInfo(), "y": DeviceInfo()}, b: {"z": DeviceInfo()}})
+    changed = tree.with_changes(
+        [(a, "x"), (a, "gone")], {a: {"x": DeviceInfo(), "w": DeviceInfo()}}
+    )
+    edit = changed.edit_since(a, tree[a])
+    assert edit is not None and edit.base is tree[a]
+    assert edit.removed == {"x"} and edit.added == {"x", "w"}
+    assert changed.edit_since(b, tree[b]) is None  # not changed: the map is shared
+    assert changed.edit_since(a, changed[a]) is None  # not its base
+    assert DeviceTree(changed).edit_since(a, tree[a]) is None  # a fresh tree knows no edit
+    # Merging keeps the edits of the maps it shares; narrowing drops the narrowed one's.
+    merged = DeviceTree().merged(changed)
+    assert merged.edit_since(a, tree[a]) == edit
+    assert changed.narrowed({a: {"y": changed[a]["y"]}}).edit_since(a, tree[a]) is None
+    # A resource the edit creates, or empties, has no edit.
+    new = tree.with_changes([(b, "z")], {"example.com/c": {"q": DeviceInfo()}})
+    assert new.edit_since("example.com/c", tree[a]) is None and b not in new

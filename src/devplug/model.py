@@ -17,6 +17,7 @@ from types import MappingProxyType
 from devplug.naming import validate_device_id, validate_resource_name
 
 _EMPTY: Mapping[str, str] = MappingProxyType({})
+_NO_EDITS: Mapping[str, MapEdit] = MappingProxyType({})
 
 
 class Health(enum.StrEnum):
@@ -165,13 +166,28 @@ class ContainerAllocation:
 DeviceMap = Mapping[str, DeviceInfo]
 
 
+@dataclass(frozen=True, slots=True)
+class MapEdit:
+    """How one resource's device map was made from an earlier one by
+    :meth:`DeviceTree.with_changes`: the ids taken out of ``base`` and the ids put in (an id
+    re-read is in both). Every other id maps to the very same DeviceInfo object in both maps,
+    so whoever keeps something per device of ``base`` can update it for these ids only."""
+
+    base: Mapping[str, DeviceInfo]
+    removed: frozenset[str]
+    added: frozenset[str]
+
+
 class DeviceTree(Mapping[str, Mapping[str, DeviceInfo]]):
     """resource name -> device id -> DeviceInfo. Immutable; equal when contents are equal.
 
     Resources with no devices are not kept: a tree holds exactly the resources to advertise.
+    A tree made by :meth:`with_changes` remembers, per resource it changed, the edit
+    (:meth:`edit_since`), so that what is kept per device map (metrics, the diff) costs
+    O(changed) on a hotplug event instead of a pass over every device.
     """
 
-    __slots__ = ("_resources",)
+    __slots__ = ("_edits", "_resources")
 
     def __init__(self, resources: Mapping[str, Mapping[str, DeviceInfo]] | None = None) -> None:
         frozen: dict[str, Mapping[str, DeviceInfo]] = {}
@@ -185,6 +201,7 @@ class DeviceTree(Mapping[str, Mapping[str, DeviceInfo]]):
                     raise TypeError(f"{resource}/{device_id}: expected DeviceInfo, got {info!r}")
             frozen[resource] = MappingProxyType(dict(devices))
         self._resources: Mapping[str, Mapping[str, DeviceInfo]] = MappingProxyType(frozen)
+        self._edits: Mapping[str, MapEdit] = _NO_EDITS
 
     def __getitem__(self, resource: str) -> Mapping[str, DeviceInfo]:
         return self._resources[resource]
@@ -208,6 +225,14 @@ class DeviceTree(Mapping[str, Mapping[str, DeviceInfo]]):
 
     def device_count(self) -> int:
         return sum(len(devices) for devices in self._resources.values())
+
+    def edit_since(self, resource: str, base: Mapping[str, DeviceInfo]) -> MapEdit | None:
+        """How ``resource``'s map was made from ``base`` (a map of an earlier tree) by one
+        :meth:`with_changes`, or None when this tree does not know (compare the maps)."""
+        edit = self._edits.get(resource)
+        if edit is None or edit.base is not base or self._resources.get(resource) is None:
+            return None
+        return edit
 
     def with_changes(
         self,
@@ -244,12 +269,23 @@ class DeviceTree(Mapping[str, Mapping[str, DeviceInfo]]):
                     raise ValueError(f"duplicate device id {device_id!r} in resource {resource!r}")
                 target[device_id] = info
         resources = dict(self._resources)
+        edits: dict[str, MapEdit] = {}
+        removed_ids: dict[str, set[str]] = {}
+        for resource, device_id in removed:
+            removed_ids.setdefault(resource, set()).add(device_id)
         for name, devices in changed.items():
             if devices:
                 resources[name] = MappingProxyType(devices)
+                base = self._resources.get(name)
+                if base is not None:
+                    edits[name] = MapEdit(
+                        base,
+                        frozenset(i for i in removed_ids.get(name, ()) if i in base),
+                        frozenset(added.get(name, ())),
+                    )
             else:
                 resources.pop(name, None)
-        return self._of(resources)
+        return self._of(resources, edits)
 
     def merged(self, other: DeviceTree) -> DeviceTree:
         """This tree plus ``other``'s resources; a resource in both raises ValueError.
@@ -261,7 +297,7 @@ class DeviceTree(Mapping[str, Mapping[str, DeviceInfo]]):
         clash = set(self) & set(other)
         if clash:
             raise ValueError(f"resources produced twice: {sorted(clash)}")
-        return self._of({**self._resources, **other._resources})
+        return self._of({**self._resources, **other._resources}, {**self._edits, **other._edits})
 
     def narrowed(self, kept: Mapping[str, Mapping[str, DeviceInfo]]) -> DeviceTree:
         """This tree with the resources of ``kept`` replaced by those maps, each a subset of
@@ -278,13 +314,25 @@ class DeviceTree(Mapping[str, Mapping[str, DeviceInfo]]):
                 resources[resource] = devices
             else:
                 resources[resource] = MappingProxyType(dict(devices))
-        return self._of(resources)
+        # A narrowed resource's map is not the edited one: its edit no longer applies.
+        edits = {k: v for k, v in self._edits.items() if k not in kept}
+        return self._of(resources, edits)
 
     @classmethod
-    def _of(cls, resources: dict[str, Mapping[str, DeviceInfo]]) -> DeviceTree:
-        """A tree of maps already validated (no copy, no checks)."""
+    def _of(
+        cls,
+        resources: dict[str, Mapping[str, DeviceInfo]],
+        edits: Mapping[str, MapEdit] | None = None,
+    ) -> DeviceTree:
+        """A tree of maps already validated (no copy, no checks). ``edits`` are kept only for
+        maps still the edited ones (edit_since checks the base; the map is checked here)."""
         tree = cls.__new__(cls)
         tree._resources = MappingProxyType(resources)
+        tree._edits = _NO_EDITS
+        if edits:
+            tree._edits = MappingProxyType(
+                {name: edit for name, edit in edits.items() if name in resources}
+            )
         return tree
 
 

@@ -177,3 +177,32 @@ def test_the_devices_gauge_follows_trees_and_zeroes_gone_resources() -> None:
     assert found[("devplug_devices", (("health", "Unhealthy"), ("resource", SERIAL)))] == 0
     gpu = (("health", "Healthy"), ("resource", "example.com/gpu"))
     assert found[("devplug_devices", gpu)] == 0
+
+
+def test_the_devices_gauge_counted_from_edits_matches_a_full_count() -> None:
+    """A random walk of edits: counting only the edited ids gives what counting all does."""
+    import random
+
+    from devplug.model import DeviceTree
+    from devplug.ops.metrics import Metrics
+
+    rng = random.Random(16)
+    resources = [f"example.com/r{i}" for i in range(3)]
+    tree = DeviceTree({r: {"0": DeviceInfo()} for r in resources})
+    incremental, full = Metrics(), Metrics()
+    for _ in range(300):
+        removed = [(r, i) for r in tree for i in tree[r] if rng.random() < 0.2]
+        added: dict[str, dict[str, DeviceInfo]] = {}
+        for _ in range(rng.randrange(4)):
+            r, i = rng.choice(resources), str(rng.randrange(12))
+            if (r, i) in removed or i not in tree.get(r, {}):
+                health = rng.choice([Health.HEALTHY, Health.UNHEALTHY])
+                added.setdefault(r, {})[i] = DeviceInfo(health=health)
+        tree = tree.with_changes(removed, added)
+        incremental.set_devices(tree)
+        full.set_devices(DeviceTree(tree))  # a fresh tree: no edits, counted in full
+        counted, recounted = (
+            {k: v for k, v in samples(m.exposition().decode()).items() if k[0] == "devplug_devices"}
+            for m in (incremental, full)
+        )
+        assert counted == recounted

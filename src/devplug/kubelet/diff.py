@@ -23,5 +23,19 @@ def diff(old: DeviceTree, new: DeviceTree) -> TreeDiff:
     return TreeDiff(
         added=frozenset(new_names - old_names),
         removed=frozenset(old_names - new_names),
-        changed=frozenset(name for name in old_names & new_names if old[name] != new[name]),
+        changed=frozenset(name for name in old_names & new_names if _changed(old, new, name)),
     )
+
+
+def _changed(old: DeviceTree, new: DeviceTree, name: str) -> bool:
+    before, after = old[name], new[name]
+    if before is after:  # trees share unchanged resources' maps
+        return False
+    edit = new.edit_since(name, before)
+    if edit is None:
+        return before != after
+    # ``after`` is ``before`` with only these ids taken out or put in (the others are the
+    # very same objects): compare those, not every device of the resource.
+    if len(before) != len(after):
+        return True
+    return any(before.get(i) != after.get(i) for i in edit.removed | edit.added)

@@ -8,7 +8,7 @@ from collections.abc import Mapping, Sized
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from devplug.model import DeviceTree
+from devplug.model import DeviceMap, DeviceTree
 
 # Scans take from about a millisecond (one device's rescan) to seconds (10,000 GPUs).
 _SCAN_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
@@ -79,20 +79,29 @@ class Metrics:
         self._held_labels: set[str] = set()
         self._device_labels: set[tuple[str, str]] = set()
         # resource -> (the device map last counted, its counts by health)
-        self._counted: dict[str, tuple[object, Tally[tuple[str, str]]]] = {}
+        self._counted: dict[str, tuple[DeviceMap, Tally[tuple[str, str]]]] = {}
 
     def set_devices(self, tree: DeviceTree) -> None:
         """The devices gauge follows the advertised tree; resources that went read 0.
 
         Counted again only for resources whose device map changed (trees share the maps of
-        unchanged resources): a hotplug event must not cost a pass over 10,000 devices.
+        unchanged resources), and for a map edited from the one counted last time only the ids
+        the edit changed: a hotplug event must not cost a pass over 10,000 devices.
         """
         counts: Tally[tuple[str, str]] = Tally()
-        seen: dict[str, tuple[object, Tally[tuple[str, str]]]] = {}
+        seen: dict[str, tuple[DeviceMap, Tally[tuple[str, str]]]] = {}
         for resource, devices in tree.items():
             cached = self._counted.get(resource)
             if cached is None or cached[0] is not devices:
-                tally = Tally((resource, str(info.health)) for info in devices.values())
+                edit = None if cached is None else tree.edit_since(resource, cached[0])
+                if edit is None:
+                    tally = Tally((resource, str(info.health)) for info in devices.values())
+                else:
+                    # An edit of the map counted last time: count only the ids it changed.
+                    tally = cached[1].copy()  # type: ignore[index]
+                    tally.subtract((resource, str(edit.base[i].health)) for i in edit.removed)
+                    tally.update((resource, str(devices[i].health)) for i in edit.added)
+                    tally = +tally
                 cached = (devices, tally)
             seen[resource] = cached
             counts.update(cached[1])
