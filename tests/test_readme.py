@@ -2,7 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
+import os
 import re
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -33,3 +40,142 @@ def test_readme_test_command_is_what_ci_runs() -> None:
     assert ci[-1] == "umockdev-wrapper .venv/bin/python -m pytest"
     assert f"`{ci[-1]}`" in README
     assert f"&& {ci[-1]}\n" in README
+
+
+# ------------------------------------------------------------------------ try it, mock hosts
+
+DEVPLUG = Path(sys.executable).with_name("devplug")
+TRY_DIR = "/tmp/devplug-try"
+# The console commands a user types (the other lines of its block are what it prints).
+TYPED = ("allocate ", "preferred ", "list", "restart", "quit")
+
+
+def section(title: str) -> str:
+    start = README.index(f"## {title}\n")
+    end = README.find("\n## ", start + 1)
+    return README[start : end if end != -1 else None]
+
+
+def fenced(text: str) -> list[tuple[str, list[str]]]:
+    """(language, lines) of every fenced block, in order."""
+    blocks: list[tuple[str, list[str]]] = []
+    language: str | None = None
+    lines: list[str] = []
+    for line in text.splitlines():
+        if line.startswith("```"):
+            if language is None:
+                language, lines = line[3:].strip(), []
+            else:
+                blocks.append((language, lines))
+                language = None
+        elif language is not None:
+            lines.append(line)
+    return blocks
+
+
+def plain_blocks(text: str) -> list[list[str]]:
+    return [lines for language, lines in fenced(text) if language == ""]
+
+
+def sh_lines(text: str) -> list[str]:
+    return [line for language, lines in fenced(text) if language == "sh" for line in lines]
+
+
+def local(command: str, root: Path) -> list[str]:
+    """A README command line run here: this venv's programs, ``root`` for /tmp/devplug-try."""
+    command = command.replace(TRY_DIR, str(root))
+    command = command.replace(".venv/bin/python", sys.executable)
+    command = command.replace(".venv/bin/devplug", str(DEVPLUG))
+    return ["env", *shlex.split(command)]
+
+
+async def read_line(stream: asyncio.StreamReader) -> str:
+    async with asyncio.timeout(30):  # a bound on a hang, not a latency assertion
+        raw = await stream.readline()
+    assert raw, "the kubelet stand-in exited"
+    return raw.decode().rstrip("\n")
+
+
+async def spec_written(cdi_dir: Path) -> None:
+    async with asyncio.timeout(30):  # a bound on a hang, not a latency assertion
+        while not any(cdi_dir.glob("*.json")):
+            await asyncio.sleep(0.05)
+
+
+async def test_the_two_terminal_session_runs_as_shown(short_dir: Path) -> None:
+    if shutil.which("umockdev-wrapper") is None:
+        pytest.skip("needs umockdev-wrapper (.ci/run installs umockdev)")
+    text = section("Try it with a kubelet stand-in")
+    (terminal_1,) = plain_blocks(text)
+    first, *shown = terminal_1
+    assert first.startswith("$ ")
+    console = await asyncio.create_subprocess_exec(
+        *local(first[2:], short_dir),
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
+        cwd=ROOT,
+    )
+    assert console.stdin is not None and console.stdout is not None
+    daemon: asyncio.subprocess.Process | None = None
+    try:
+        assert await read_line(console.stdout) == shown[0].replace(TRY_DIR, str(short_dir))
+        mock_host, run = sh_lines(text)
+        built = await asyncio.create_subprocess_exec(*local(mock_host, short_dir), cwd=ROOT)
+        assert await built.wait() == 0
+        daemon = await asyncio.create_subprocess_exec(
+            *local(run, short_dir), cwd=ROOT, stderr=asyncio.subprocess.DEVNULL
+        )
+        for expected in shown[1:]:
+            if expected.startswith(TYPED):
+                # A user types after reading the list; by then the CDI spec that Allocate
+                # names is written (it follows the list).
+                await spec_written(short_dir / "cdi")
+                console.stdin.write(expected.encode() + b"\n")
+                await console.stdin.drain()
+                continue
+            assert await read_line(console.stdout) == expected.replace(TRY_DIR, str(short_dir))
+    finally:
+        if daemon is not None and daemon.returncode is None:
+            daemon.send_signal(signal.SIGTERM)
+            assert await daemon.wait() == 0
+        if console.returncode is None:
+            console.stdin.write(b"quit\n")
+            await console.stdin.drain()
+            assert await console.wait() == 0
+
+
+@pytest.mark.parametrize(
+    ("preset", "command"),
+    [
+        ("intel-gpu", "devplug scan --scanner intel-gpu"),
+        ("vfio", "devplug scan --config examples/vfio.yaml"),
+    ],
+)
+def test_the_scan_samples_come_from_the_mock_host_presets(
+    preset: str, command: str, short_dir: Path
+) -> None:
+    wrapper = shutil.which("umockdev-wrapper")
+    if wrapper is None:
+        pytest.skip("needs umockdev-wrapper (.ci/run installs umockdev)")
+    (sample,) = [block for block in plain_blocks(README) if block[0] == f"$ {command}"]
+    host = short_dir / "host"
+    built = subprocess.run(
+        [sys.executable, "-m", "devplug.testing", "mock-host", str(host), "--preset", preset],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=60,
+    )
+    assert built.returncode == 0 and built.stdout == f"UMOCKDEV_DIR={host}\n", built.stderr
+    result = subprocess.run(
+        [wrapper, str(DEVPLUG), *shlex.split(command)[1:]],
+        capture_output=True,
+        text=True,
+        check=False,
+        cwd=ROOT,
+        env={**os.environ, "UMOCKDEV_DIR": str(host)},
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines() == sample[1:]
+    assert f"--preset {preset}" in README

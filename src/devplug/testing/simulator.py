@@ -146,9 +146,11 @@ class PluginSession:
         predicate: Callable[[dict[str, ListedDevice]], bool] | None = None,
         *,
         after: int = 0,
-        timeout: float = DEFAULT_WAIT_S,
+        timeout: float | None = DEFAULT_WAIT_S,
     ) -> dict[str, ListedDevice]:
-        """Wait for a list (the ``after``-th or later) that satisfies ``predicate``; return it."""
+        """Wait for a list (the ``after``-th or later) that satisfies ``predicate``; return it
+        (``timeout`` None: as long as it takes). A stream that ends first raises
+        AssertionError."""
 
         def found() -> dict[str, ListedDevice] | None:
             for listed in self.updates[after:]:
@@ -401,9 +403,10 @@ class KubeletSimulator:
             return session
 
     async def wait_for_registrations(
-        self, count: int, *, timeout: float = DEFAULT_WAIT_S
+        self, count: int, *, timeout: float | None = DEFAULT_WAIT_S
     ) -> list[Registration]:
-        """Wait until at least ``count`` Register calls have been answered."""
+        """Wait until at least ``count`` Register calls have been answered (``timeout`` None:
+        as long as it takes)."""
         async with asyncio.timeout(timeout), self._changed:
             while len(self.registrations) < count:
                 await self._changed.wait()
