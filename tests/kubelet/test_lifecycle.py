@@ -250,3 +250,30 @@ async def test_a_failing_stop_is_logged_and_the_daemon_stops_cleanly(
     (failed,) = [e for e in logs if e["event"] == "lifecycle.stop.failed"]
     assert failed["resource"] == GATED and "Device or resource busy" in failed["reason"]
     assert any(e["event"] == "daemon.stopped" for e in logs)
+
+
+async def test_a_resource_back_while_its_last_start_still_runs_waits_for_that_thread(
+    kubelet: KubeletSimulator, kubelet_dir: Path
+) -> None:
+    scanner = HungScanner(threaded=True)
+    timing = replace(FAST_TIMING, hook_timeout_s=0.3)
+    async with running_daemon(daemon_settings(kubelet_dir), [scanner], timing=timing) as daemon:
+        async with asyncio.timeout(10):
+            while scanner.calls == 0:  # noqa: ASYNC110 - the hook runs in a thread
+                await asyncio.sleep(0.01)
+        # Withdrawn while its start hangs in a thread, then back.
+        scanner.set({})
+        await daemon.rescan()
+        with structlog.testing.capture_logs() as logs:
+            scanner.set({GATED: {"a": INFO}})
+            await daemon.rescan()
+            # Its new start waits for the old thread and times out, rather than run beside it
+            # (which would register).
+            async with asyncio.timeout(10):
+                while _count(logs, "lifecycle.start.failed") < 1:
+                    assert GATED not in kubelet.sessions
+                    await asyncio.sleep(0.01)
+        assert scanner.calls == 1
+        scanner.release.set()
+        await kubelet.wait_for_plugin(GATED)
+        assert scanner.calls == 2

@@ -42,17 +42,26 @@ class Lifecycle:
         timeout_s: float,
         retry_initial_s: float,
         retry_max_s: float,
+        leftover: asyncio.Future[Any] | None = None,
     ) -> None:
         self.resource = resource
         self._starter = hooks if isinstance(hooks, ResourceStarter) else None
         self._stopper = hooks if isinstance(hooks, ResourceStopper) else None
         self.timeout_s = timeout_s
         self._backoff = Backoff(retry_initial_s, retry_max_s)
-        self._thread: asyncio.Future[Any] | None = None  # a plain hook's call, still running
+        # A plain hook's call still running after its timeout (or a previous lifecycle's of
+        # the same resource, ``leftover``): the next call waits for it.
+        self._thread: asyncio.Future[Any] | None = leftover
         self._problems = ProblemLog()
         self.started = False  # start returned (or there is none): stop is owed
         self.start_attempts = 0
         self._log = log.bind(resource=resource)
+
+    @property
+    def leftover(self) -> asyncio.Future[Any] | None:
+        """A hook's thread that outlived its call, if it still runs (see ``leftover=``)."""
+        thread = self._thread
+        return thread if thread is not None and not thread.done() else None
 
     async def start(self) -> None:
         """Return once the start hook returned, retrying with back-off until then."""

@@ -17,6 +17,7 @@ import contextlib
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import structlog
 
@@ -57,6 +58,9 @@ class ResourceServers:
         # Removed resources whose stop hook has not run yet (it is owed even if the removal
         # is cancelled by a shutdown).
         self._owed: set[Lifecycle] = set()
+        # resource -> the thread of a removed resource's hook that still runs: the hooks of
+        # its next lifecycle wait for it (a resource's hook calls never overlap).
+        self._leftovers: dict[str, asyncio.Future[Any]] = {}
         self.tree = DeviceTree()
 
     @contextlib.asynccontextmanager
@@ -128,6 +132,7 @@ class ResourceServers:
                 timeout_s=self.timing.hook_timeout_s,
                 retry_initial_s=self.timing.start_retry_initial_s,
                 retry_max_s=self.timing.start_retry_max_s,
+                leftover=self._leftovers.pop(name, None),
             )
             task = self._task_group.create_task(_serve(server, lifecycle), name=f"server:{name}")
             self._running[name] = _Running(server, lifecycle, task)
@@ -146,6 +151,9 @@ class ResourceServers:
             await _cancel(running.task)
         self._owed.discard(running.lifecycle)
         await running.lifecycle.stop()
+        leftover = running.lifecycle.leftover
+        if leftover is not None:
+            self._leftovers[name] = leftover
 
 
 async def _serve(server: ResourceServer, lifecycle: Lifecycle) -> None:
