@@ -237,6 +237,28 @@ async def test_a_sighup_while_the_config_loads_does_not_kill_and_is_applied(
     assert "config.reloaded" in events_of(seen, stderr)
 
 
+async def test_a_sigterm_while_the_config_loads_exits_0_without_serving(
+    kubelet: KubeletSimulator, kubelet_dir: Path, short_dir: Path
+) -> None:
+    process = await start(short_dir, write_config(short_dir, kubelet_dir, 1, hold="first"))
+    assert process.stdin is not None
+    seen: list[dict[str, object]] = []
+    try:
+        await read_until(process, "test.load.held", seen)
+        process.send_signal(signal.SIGTERM)
+        process.stdin.write(b"go\n")
+        await process.stdin.drain()
+    finally:
+        _, stderr = await finish(process)
+    assert process.returncode == 0, stderr.decode()
+    assert "daemon.started" not in events_of(seen, stderr)
+    assert kubelet.registrations == []
+    assert sorted(p.name for p in kubelet_dir.iterdir()) == [
+        "kubelet.sock",
+        "kubelet_internal_checkpoint",
+    ]
+
+
 async def test_a_second_sigterm_during_shutdown_still_exits_0(
     kubelet: KubeletSimulator, kubelet_dir: Path, short_dir: Path
 ) -> None:
