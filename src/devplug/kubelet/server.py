@@ -19,6 +19,7 @@ import asyncio
 import contextlib
 import os
 import secrets
+import socket
 import stat
 import time
 from collections.abc import Mapping
@@ -72,6 +73,22 @@ class ServerTiming:
 
 
 DEFAULT_TIMING = ServerTiming()
+
+
+def _bind_failure(path: Path) -> Exception:
+    """Why ``path`` cannot be bound: gRPC's error names no cause (it goes to grpc-core's own
+    stderr line), so a plain bind of the same path asks the kernel (Permission denied, a
+    read-only file system, ...)."""
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        probe.bind(os.fspath(path))
+    except OSError as exc:
+        return OSError(exc.errno, f"cannot create a socket in {path.parent}: {exc.strerror}")
+    finally:
+        probe.close()
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)
+    return RuntimeError(f"gRPC could not listen on {path}")
 
 
 def socket_path_for(kubelet_dir: Path, resource: str) -> Path:
@@ -238,7 +255,10 @@ class ResourceServer:
         server = grpc.aio.server()
         pb_grpc.add_DevicePluginServicer_to_server(self.servicer, server)
         try:
-            server.add_insecure_port(f"unix://{temporary}")
+            try:
+                server.add_insecure_port(f"unix://{temporary}")
+            except RuntimeError:
+                raise _bind_failure(temporary) from None
             await server.start()
             os.chmod(temporary, SOCKET_MODE)
             await self._claim(temporary)

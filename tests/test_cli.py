@@ -1,0 +1,258 @@
+"""Command-line conventions (kubectl, helm, systemctl): ``--version``, ``-o/--output`` on every
+command that prints a document, one-line descriptions and exit statuses in ``--help``, only
+the flags a command uses, ``NO_COLOR``, log levels in any case; ``scan`` exits 1 when two
+scanners claim one resource, and warns about entries that find nothing; a kubelet dir devplug
+cannot write is logged with the kernel's reason."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import pty
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from structlog.testing import capture_logs
+
+from devplug import __version__
+from devplug.cli import build_parser, commands
+from devplug.model import DeviceTree
+from devplug.scanners.generic import GenericScanner
+from devplug.testing import KubeletSimulator
+from devplug.testing.umockdev import UmockdevHost, add_intel_gpu, add_usb_serial
+
+
+def devplug(
+    *args: str, env: dict[str, str] | None = None, cwd: Path | None = None
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "devplug", *args],
+        capture_output=True,
+        text=True,
+        env={**os.environ, **(env or {})},
+        cwd=cwd,
+        timeout=60,
+        check=False,
+    )
+
+
+def subcommands() -> dict[str, argparse.ArgumentParser]:
+    """Each command's parser by its words (``cdi generate``)."""
+
+    def choices(parser: argparse.ArgumentParser, dest: str) -> dict[str, argparse.ArgumentParser]:
+        (action,) = [a for a in parser._actions if a.dest == dest]
+        assert isinstance(action.choices, dict)
+        return dict(action.choices)
+
+    found = choices(build_parser(), "command")
+    found["cdi generate"] = choices(found.pop("cdi"), "cdi_command")["generate"]
+    return found
+
+
+def test_version_flag_and_command() -> None:
+    assert devplug("--version").stdout == f"devplug {__version__}\n"
+    assert devplug("version").stdout == f"devplug {__version__}\n"
+
+
+@pytest.mark.parametrize("command", ["run", "scan", "status", "cdi generate"])
+def test_every_command_that_prints_a_document_takes_o_json_and_yaml(command: str) -> None:
+    parser = subcommands()[command]
+    (output,) = [a for a in parser._actions if a.dest == "output"]
+    assert output.option_strings == ["-o", "--output"]
+    assert output.choices is not None and {"json", "yaml"} <= set(output.choices)
+
+
+@pytest.mark.parametrize("command", ["run", "scan", "status", "cdi generate", "version"])
+def test_help_has_a_one_line_description_and_the_exit_statuses(command: str) -> None:
+    result = devplug(*command.split(), "--help")
+    assert result.returncode == 0
+    description = result.stdout.split("\n\n")[1]
+    assert "\n" not in description.strip() and description.strip().endswith(".")
+    assert "exit status: 0" in result.stdout
+
+
+@pytest.mark.parametrize(
+    ("command", "absent"),
+    [
+        ("scan", ["--kubelet-dir", "--cdi-dir", "--metrics-address", "--dry-run"]),
+        ("cdi generate", ["--kubelet-dir", "--cdi-dir", "--metrics-address"]),
+        ("status", ["--config", "--scanner", "--cdi-dir", "--log-level"]),
+    ],
+)
+def test_flags_a_command_does_not_use_are_not_offered(command: str, absent: list[str]) -> None:
+    text = devplug(*command.split(), "--help").stdout
+    for flag in absent:
+        assert flag not in text, f"{command} offers {flag}"
+    refused = devplug(*command.split(), absent[0], "/x")
+    assert refused.returncode == 2
+
+
+# A generic entry that finds nothing: scan logs a warning (scan.entry.unmatched).
+UNMATCHED = (
+    "scanners:\n  generic:\n    - resource: example.com/none\n"
+    "      match: {subsystem: no-such-subsystem}\n"
+)
+
+
+@pytest.fixture
+def unmatched(tmp_path: Path) -> Path:
+    path = tmp_path / "config.yaml"
+    path.write_text(UNMATCHED)
+    return path
+
+
+def test_log_levels_in_any_case(unmatched: Path) -> None:
+    shown = devplug(
+        "scan", "--config", str(unmatched), "--log-level", "WARNING", "--log-format", "JSON"
+    )
+    assert shown.returncode == 0, shown.stderr
+    assert '"event": "scan.entry.unmatched"' in shown.stderr
+    hidden = devplug("scan", "--config", str(unmatched), env={"DEVPLUG_LOG_LEVEL": "Error"})
+    assert hidden.returncode == 0 and hidden.stderr == ""
+
+
+@pytest.mark.parametrize(("no_color", "coloured"), [(None, True), ("1", False)])
+def test_no_color_turns_the_console_colours_off(
+    no_color: str | None, coloured: bool, unmatched: Path
+) -> None:
+    """On a terminal the console log is coloured, unless NO_COLOR is set."""
+    env = {k: v for k, v in os.environ.items() if k != "NO_COLOR"}
+    if no_color is not None:
+        env["NO_COLOR"] = no_color
+    leader, follower = pty.openpty()
+    try:
+        result = subprocess.run(
+            [sys.executable, "-m", "devplug", "scan", "--config", str(unmatched)],
+            stdout=subprocess.DEVNULL,
+            stderr=follower,
+            env=env,
+            timeout=60,
+            check=False,
+        )
+        os.close(follower)
+        follower = -1
+        written = b""
+        while True:
+            try:
+                chunk = os.read(leader, 65536)
+            except OSError:  # EIO: the terminal's other end is closed
+                break
+            if not chunk:
+                break
+            written += chunk
+    finally:
+        os.close(leader)
+        if follower != -1:
+            os.close(follower)
+    assert result.returncode == 0
+    assert b"scan.entry.unmatched" in written
+    assert (b"\x1b[" in written) == coloured
+
+
+def test_scan_exits_1_when_two_scanners_claim_one_resource(
+    host: UmockdevHost, short_dir: Path
+) -> None:
+    add_intel_gpu(host, "0000:00:02.0", card=0, render=128)
+    config = short_dir / "config.yaml"
+    config.write_text(
+        "scanners:\n  intel_gpu: {}\n  generic:\n    - resource: gpu.intel.com/i915\n"
+        "      match: {subsystem: drm, devnode: /dev/dri/renderD*}\n"
+    )
+    result = devplug("scan", "--config", str(config), "-o", "json", env=host.env())
+    assert result.returncode == 1
+    assert "0000:00:02.0" in json.loads(result.stdout)["resources"]["gpu.intel.com/i915"][0]["id"]
+    assert (
+        "devplug: gpu.intel.com/i915 is produced by more than one scanner; served from "
+        "intel_gpu, not from generic"
+    ) in result.stderr
+
+
+def test_scan_warns_about_an_entry_that_matches_nothing(
+    host: UmockdevHost, short_dir: Path
+) -> None:
+    add_usb_serial(host, index=0)
+    config = short_dir / "config.yaml"
+    config.write_text(
+        "log_format: json\nscanners:\n  generic:\n"
+        "    - resource: example.com/serial\n      match: {subsystem: tty, devnode: /dev/ttyUSB*}\n"
+        "    - resource: example.com/modem\n      match: {subsystem: tty, devnode: /dev/ttyACM*}\n"
+    )
+    result = devplug("scan", "--config", str(config), env=host.env())
+    assert result.returncode == 0, result.stderr
+    warnings = [json.loads(line) for line in result.stderr.splitlines()]
+    (unmatched,) = [w for w in warnings if w["event"] == "scan.entry.unmatched"]
+    assert unmatched["resource"] == "example.com/modem" and unmatched["level"] == "warning"
+
+
+def test_a_properties_match_without_udevs_database_is_warned_about(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(commands, "UDEV_DATABASE", tmp_path / "no-udev-data")
+    scanner = GenericScanner.from_config(
+        [
+            {
+                "resource": "example.com/serial",
+                "match": {"subsystem": "tty", "properties": {"ID_VENDOR_ID": "0403"}},
+            }
+        ]
+    )
+    with capture_logs() as logs:
+        commands.warn_unmatched([scanner], DeviceTree())
+    events = {entry["event"]: entry for entry in logs}
+    assert events["scan.udev_database.missing"]["properties"] == ["ID_VENDOR_ID"]
+    assert "no-udev-data does not exist" in events["scan.udev_database.missing"]["reason"]
+    assert "scan.entry.unmatched" in events
+
+
+async def test_an_unwritable_kubelet_dir_is_logged_with_its_cause(short_dir: Path) -> None:
+    """The kernel's reason reaches the JSON log, not only grpc-core's own stderr line."""
+    kubelet_dir = short_dir / "kubelet"
+    command = [str(Path(sys.executable).with_name("devplug"))]
+    if os.geteuid() == 0:
+        setpriv = shutil.which("setpriv")
+        if setpriv is None:
+            pytest.skip("as root, needs setpriv (util-linux) to run devplug as nobody")
+        command = [setpriv, "--reuid=65534", "--regid=65534", "--clear-groups", *command]
+        short_dir.chmod(0o755)  # nobody may enter, but not write in kubelet/
+    config = short_dir / "config.yaml"
+    config.write_text("scanners:\n  generic:\n    - resource: example.com/null\n"
+                      "      match: {subsystem: mem, devnode: /dev/null}\n")  # fmt: skip
+    config.chmod(0o644)
+    async with KubeletSimulator(kubelet_dir):
+        kubelet_dir.chmod(0o555)
+        process = await asyncio.create_subprocess_exec(
+            *command,
+            "run",
+            "--config",
+            str(config),
+            "--kubelet-dir",
+            str(kubelet_dir),
+            "--log-format",
+            "json",
+            env={**os.environ, "DEVPLUG_CDI_DIR": str(short_dir / "cdi")},
+            stdout=asyncio.subprocess.DEVNULL,
+            stderr=asyncio.subprocess.PIPE,
+        )
+        assert process.stderr is not None
+        try:
+            async with asyncio.timeout(60):  # a bound on a hang, not a latency assertion
+                while True:
+                    line = await process.stderr.readline()
+                    assert line, "devplug exited without logging server.listen.failed"
+                    if line.startswith(b"{"):
+                        entry = json.loads(line)
+                        if entry["event"] == "server.listen.failed":
+                            break
+        finally:
+            process.send_signal(signal.SIGTERM)
+            await process.communicate()
+            kubelet_dir.chmod(0o755)
+    assert entry["error"] == (
+        f"[Errno 13] cannot create a socket in {kubelet_dir}: Permission denied"
+    )
