@@ -14,8 +14,10 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import os
 import re
 import shlex
+import subprocess
 import sys
 import types
 import typing
@@ -24,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import structlog
 from pydantic import BaseModel
 
 from devplug.cli import build_parser
@@ -332,3 +335,174 @@ def test_every_devplug_command_line_in_the_docs_parses() -> None:
                 assert parsed.command in SUBCOMMANDS, line
                 seen.add(parsed.command)
     assert seen == SUBCOMMANDS, f"commands the docs never show: {sorted(SUBCOMMANDS - seen)}"
+
+
+# ------------------------------------------------------------------------ error examples
+
+README = ROOT / "README.md"
+
+# What each documented error line comes from: (command line, config file text, environment).
+ErrorCase = tuple[list[str], str | None, dict[str, str]]
+GENERIC = "scanners:\n  generic:\n"
+ERROR_CASES: dict[Path, list[ErrorCase]] = {
+    README: [
+        (
+            ["scan"],
+            "kubelet_dri: /x\n" + GENERIC + "    - {resource: a.com/b, match: {subsystem: tty}}\n",
+            {},
+        ),
+        (["scan"], "scanners:\n  gpu: {}\n", {}),
+        (["scan"], GENERIC + "    - {resource: Serial, match: {subsystem: tty}}\n", {}),
+    ],
+    CONFIGURATION: [
+        (["scan"], "hotplug: {coalesce: 3}\n", {}),
+        (["scan"], "scanners:\n  gpu: {}\n", {}),
+        (["scan"], GENERIC + "    - {match: {subsystem: tty}}\n", {}),
+        (["scan"], GENERIC + "    - {resource: a.com/b, match: {}}\n", {}),
+        (["scan"], GENERIC + "    - {resource: a.com/b, match: {subsystem: tty}, shares: 0}\n", {}),
+        (
+            ["scan"],
+            GENERIC + "    - {resource: a.com/b, match: {subsystem: tty}, shares: true}\n",
+            {},
+        ),
+        (["scan"], "scanners:\n  vfio: {allow_noiommu: 'yes'}\n", {}),
+        (
+            ["scan"],
+            "scanners:\n  vfio:\n    devices:\n      - {selector: '8086:1572', resource: a.com/x}\n"
+            "      - {selector: '8086:1572', resource: a.com/y}\n",
+            {},
+        ),
+        (["scan"], "scanners:\n  intel_gpu: {allow_ids: [0x56c0]}\n", {}),
+        (["scan", "--scanner", "generic"], None, {"DEVPLUG_LOG_LEVEL": "verbose"}),
+        (["run", "--scanner", "generic", "--metrics-address", "foo"], None, {}),
+        (["scan"], "scanners:\n  generic: []\nscanners:\n  vfio: {}\n", {}),
+        (["scan"], "scanners:\n  generic: [\n", {}),
+        (["scan", "--config", "nope.yaml"], None, {}),
+        (["scan"], None, {"DEVPLUG_SCANNER": "gpu"}),
+        (["scan"], None, {}),
+    ],
+}
+
+
+def documented_errors(path: Path) -> list[str]:
+    """The lines of the first plain block that lists ``devplug: configuration error:`` lines."""
+    for language, lines in fenced_blocks(path.read_text()):
+        found = [line for line in lines if line.startswith("devplug: configuration error: ")]
+        if language == "" and len(found) > 1:
+            return found
+    raise AssertionError(f"no block of error examples in {path.name}")
+
+
+def printed_error(
+    case: ErrorCase,
+    directory: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> str:
+    from devplug.cli import main
+
+    arguments, config, environment = case
+    for name in [n for n in os.environ if n.startswith("DEVPLUG_")]:
+        monkeypatch.delenv(name)
+    for name, value in environment.items():
+        monkeypatch.setenv(name, value)
+    if config is not None:
+        (directory / "config.yaml").write_text(config)
+        arguments = [*arguments, "--config", "config.yaml"]
+    monkeypatch.chdir(directory)
+    capsys.readouterr()
+    logging = structlog.get_config()
+    try:
+        assert main(arguments) == 2, arguments
+    finally:
+        structlog.configure(**logging)  # main() pointed the logs at this test's capture
+    (line,) = capsys.readouterr().err.splitlines()
+    return line.replace(str(directory) + "/", "")
+
+
+@pytest.mark.parametrize("path", sorted(ERROR_CASES), ids=lambda p: p.name)
+def test_the_error_examples_are_what_devplug_prints(
+    path: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    printed = [printed_error(case, tmp_path, capsys, monkeypatch) for case in ERROR_CASES[path]]
+    assert documented_errors(path) == printed
+
+
+@pytest.mark.parametrize(
+    ("spelling", "accepted"),
+    [("true", True), ("false", False), ("yes", True), ("no", False), ("on", True), ("off", False),
+     ("'yes'", None), ("'true'", None), ("1", None), ("y", None)],
+)  # fmt: skip
+def test_allow_noiommu_takes_the_spellings_the_reference_gives(
+    spelling: str, accepted: bool | None, tmp_path: Path
+) -> None:
+    from devplug.config import load_settings
+    from devplug.errors import ConfigError
+    from devplug.scanners.registry import build_scanners
+
+    row = next(r for r in table_rows(CONFIGURATION.read_text()) if "allow_noiommu" in r[0])
+    if accepted is not None:
+        assert f"`{spelling}`" in row[1]
+    config = tmp_path / "config.yaml"
+    config.write_text(f"scanners:\n  vfio: {{allow_noiommu: {spelling}}}\n")
+    settings = load_settings(config, {}, [], {})
+    if accepted is None:
+        with pytest.raises(ConfigError):
+            build_scanners(settings.scanners)
+    else:
+        (scanner,) = build_scanners(settings.scanners)
+        assert scanner.settings.allow_noiommu is accepted  # type: ignore[attr-defined]
+
+
+# ------------------------------------------------------------------------ log format
+
+CONSOLE_LINE = re.compile(
+    r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}Z \[(debug|info|warning|error)\s*\] [a-z_.]+ +"
+    r"(\S+=.*)?"
+)
+
+
+def logged_line(log_format: str, tmp_path: Path) -> str:
+    """The first line devplug logs in ``log_format`` (a warning for an entry matching nothing)."""
+    config = tmp_path / "config.yaml"
+    config.write_text(
+        "scanners:\n  generic:\n    - {resource: a.com/b, match: {subsystem: no-such}}\n"
+    )
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "devplug",
+            "scan",
+            "--config",
+            str(config),
+            "--log-format",
+            log_format,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    return result.stderr.splitlines()[0]
+
+
+def log_example(log_format: str) -> str:
+    text = OPERATIONS.read_text()
+    block = text[text.index(f"- `log_format: {log_format}`") :]
+    return fenced_blocks(block)[0][1][0]
+
+
+def test_the_console_log_example_has_devplugs_format(tmp_path: Path) -> None:
+    assert CONSOLE_LINE.fullmatch(logged_line("console", tmp_path))
+    assert CONSOLE_LINE.fullmatch(log_example("console"))
+
+
+def test_the_json_log_example_has_devplugs_keys(tmp_path: Path) -> None:
+    import json
+
+    real, documented = json.loads(logged_line("json", tmp_path)), json.loads(log_example("json"))
+    assert list(real)[-3:] == list(documented)[-3:] == ["event", "level", "timestamp"]
+    timestamp = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}Z")
+    assert timestamp.fullmatch(real["timestamp"]) and timestamp.fullmatch(documented["timestamp"])
