@@ -92,14 +92,15 @@ def local(command: str, root: Path) -> list[str]:
 async def read_line(stream: asyncio.StreamReader) -> str:
     async with asyncio.timeout(30):  # a bound on a hang, not a latency assertion
         raw = await stream.readline()
-    assert raw, "the kubelet stand-in exited"
+    assert raw, "the process exited"
     return raw.decode().rstrip("\n")
 
 
-async def spec_written(cdi_dir: Path) -> None:
-    async with asyncio.timeout(30):  # a bound on a hang, not a latency assertion
-        while not any(cdi_dir.glob("*.json")):
-            await asyncio.sleep(0.05)
+async def spec_written(daemon: asyncio.subprocess.Process) -> None:
+    """Until devplug logs that it wrote a CDI spec (its log is JSON: stderr is a pipe)."""
+    assert daemon.stderr is not None
+    while '"cdi.spec.written"' not in await read_line(daemon.stderr):
+        pass
 
 
 async def test_the_two_terminal_session_runs_as_shown(short_dir: Path) -> None:
@@ -123,13 +124,16 @@ async def test_the_two_terminal_session_runs_as_shown(short_dir: Path) -> None:
         built = await asyncio.create_subprocess_exec(*local(mock_host, short_dir), cwd=ROOT)
         assert await built.wait() == 0
         daemon = await asyncio.create_subprocess_exec(
-            *local(run, short_dir), cwd=ROOT, stderr=asyncio.subprocess.DEVNULL
+            *local(run, short_dir), cwd=ROOT, stderr=asyncio.subprocess.PIPE
         )
+        written = False
         for expected in shown[1:]:
             if expected.startswith(TYPED):
                 # A user types after reading the list; by then the CDI spec that Allocate
                 # names is written (it follows the list).
-                await spec_written(short_dir / "cdi")
+                if not written:
+                    await spec_written(daemon)
+                    written = True
                 console.stdin.write(expected.encode() + b"\n")
                 await console.stdin.drain()
                 continue
@@ -137,7 +141,8 @@ async def test_the_two_terminal_session_runs_as_shown(short_dir: Path) -> None:
     finally:
         if daemon is not None and daemon.returncode is None:
             daemon.send_signal(signal.SIGTERM)
-            assert await daemon.wait() == 0
+            await daemon.communicate()
+            assert daemon.returncode == 0
         if console.returncode is None:
             console.stdin.write(b"quit\n")
             await console.stdin.drain()
@@ -179,3 +184,41 @@ def test_the_scan_samples_come_from_the_mock_host_presets(
     assert result.returncode == 0, result.stderr
     assert result.stdout.splitlines() == sample[1:]
     assert f"--preset {preset}" in README
+
+
+# ------------------------------------------------------------------------ setup commands
+
+
+def setup_commands() -> list[str]:
+    return [line for line in sh_lines(README) if line.startswith("SUDO=")]
+
+
+def sudo_prefix(command: str, as_nobody: bool) -> str:
+    """What the README command's ``SUDO=...`` assignment yields for this user or nobody."""
+    assignment = command.split("; ", 1)[0]
+    script = f'{assignment}; printf %s "$SUDO"'
+    prefix: list[str] = []
+    if as_nobody:
+        setpriv = shutil.which("setpriv")
+        assert setpriv is not None
+        prefix = [setpriv, "--reuid=65534", "--regid=65534", "--clear-groups"]
+    result = subprocess.run(
+        [*prefix, "bash", "-c", script], capture_output=True, text=True, timeout=30, check=True
+    )
+    return result.stdout
+
+
+def test_the_setup_commands_need_no_sudo_as_root_and_use_it_otherwise() -> None:
+    """A fresh Debian machine's root has no sudo (``sudo: command not found``); a normal user
+    needs it. Both run the README's two commands as they are."""
+    commands = setup_commands()
+    assert len(commands) == 2, "the dry run's and the tests' setup commands"
+    for command in commands:
+        assert command.split("; ", 1)[1].startswith("$SUDO apt-get update && $SUDO apt-get")
+        assert " sudo " not in f" {command.split('; ', 1)[1]} "
+        if os.geteuid() == 0:
+            assert sudo_prefix(command, as_nobody=False) == ""
+            if shutil.which("setpriv") is not None:
+                assert sudo_prefix(command, as_nobody=True) == "sudo"
+        else:
+            assert sudo_prefix(command, as_nobody=False) == "sudo"
