@@ -296,3 +296,19 @@ def test_importing_devplug_stays_light() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
     )
     assert result.stdout.splitlines() == ["[]", "devplug.cli devplug.config devplug.config"]
+
+
+def test_the_signal_guard_comes_before_anything_slow() -> None:
+    """An entry point can guard the signals before pydantic, structlog or gRPC load (until
+    then a SIGHUP kills the process); serve() does it first thing."""
+    code = (
+        "import signal, sys\n"
+        "from devplug.plugin import guard_signals\n"
+        "slow = sorted(m for m in ('grpc', 'pydantic', 'structlog', 'yaml') if m in sys.modules)\n"
+        "guard = guard_signals()\n"
+        "print(slow, signal.getsignal(signal.SIGHUP) == guard._handle)\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
+    )
+    assert result.stdout.splitlines() == ["[] True"]

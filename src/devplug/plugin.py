@@ -1,13 +1,15 @@
 """Serving scanners as a device plugin daemon: what ``devplug run`` does, for an entry point of
 a plugin author's own (``devplug run`` knows only the built-in scanners).
 
-The daemon itself (and with it gRPC) is imported when :func:`serve` runs, so that importing
-:mod:`devplug` stays light for scanners and their tests.
+The daemon itself (and with it gRPC), the settings (pydantic) and structlog are imported
+when :func:`serve` runs, so that importing this module stays light: an entry point can call
+:func:`guard_signals` before anything slow.
 
 Signals: SIGTERM, SIGINT and SIGQUIT stop the daemon in order (exit 0), SIGHUP reloads the
-config. :class:`SignalGuard` holds them from the first thing :func:`serve` does until it
-returns, so that no signal meets its default action (which kills) while the config loads,
-gRPC imports, the daemon shuts down or asyncio waits for worker threads after it.
+config. :class:`SignalGuard` holds them from the first thing :func:`serve` does (or earlier,
+from :func:`guard_signals`) until it returns, so that no signal meets its default action
+(which kills) while modules import, the config loads, the daemon shuts down, or asyncio waits
+for worker threads after it.
 """
 
 from __future__ import annotations
@@ -19,19 +21,16 @@ import signal
 import sys
 import threading
 import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
-import structlog
-
-from devplug.config import Settings
 from devplug.errors import ConfigError
-from devplug.logconfig import configure
-from devplug.scanners.base import Scanner
 
 if TYPE_CHECKING:
+    from devplug.config import Settings
     from devplug.daemon import Daemon
+    from devplug.scanners.base import Scanner
 
 EXIT_CONFIG = 2  # bad usage or configuration: nothing was served
 # The same sets as devplug.daemon's, which is imported only when the daemon runs.
@@ -40,7 +39,7 @@ HANDLED_SIGNALS = (*STOP_SIGNALS, signal.SIGHUP)
 
 # Reads the configuration and builds the scanners; raises ConfigError naming the bad field.
 # Called at start and again on every SIGHUP.
-Loader = Callable[[], tuple[Settings, Sequence[Scanner]]]
+Loader = Callable[[], tuple["Settings", Sequence["Scanner"]]]
 
 
 class SignalGuard:
@@ -96,6 +95,37 @@ class SignalGuard:
                 loop.call_soon_threadsafe(daemon.request_reload if reload else daemon.request_stop)
 
 
+_process_guard: SignalGuard | None = None
+
+
+def guard_signals() -> SignalGuard:
+    """Install the process's :class:`SignalGuard` now, if none is (idempotent); return it.
+
+    Call it first thing in an entry point, before slow imports: until then a SIGHUP kills the
+    process. :func:`serve` and :func:`run_daemon` use the guard installed here, and leave it
+    installed for the entry point that made it.
+    """
+    global _process_guard
+    if _process_guard is None:
+        _process_guard = SignalGuard()
+        _process_guard.install()
+    return _process_guard
+
+
+@contextlib.contextmanager
+def _guarded() -> Iterator[SignalGuard]:
+    """The process's guard for the block: the early one, or one made and removed here."""
+    global _process_guard
+    owned = _process_guard is None
+    guard = guard_signals()
+    try:
+        yield guard
+    finally:
+        if owned:
+            guard.restore()
+            _process_guard = None
+
+
 def serve(load: Loader, *, program: str = "devplug") -> int:
     """Load the configuration, configure logging, and serve until SIGTERM, SIGINT or SIGQUIT;
     SIGHUP calls ``load`` again and applies the result (a refused one keeps the running
@@ -107,9 +137,8 @@ def serve(load: Loader, *, program: str = "devplug") -> int:
     was served), 1 if ``load`` raised anything else (its traceback on stderr) or the daemon
     crashed (logged).
     """
-    guard = SignalGuard()
-    guard.install()  # first: a SIGHUP's default action kills, and loading takes a while
-    try:
+    # First: a SIGHUP's default action kills, and imports and loading take a while.
+    with _guarded() as guard:
         try:
             settings, scanners = load()
         except ConfigError as exc:
@@ -121,10 +150,10 @@ def serve(load: Loader, *, program: str = "devplug") -> int:
             print(f"{program}: cannot start: loading the configuration failed", file=sys.stderr)
             traceback.print_exc()
             return 1
+        from devplug.logconfig import configure
+
         configure(settings.log_format, settings.log_level)
         return run_daemon(settings, scanners, load, program=program, guard=guard)
-    finally:
-        guard.restore()
 
 
 def run_daemon(
@@ -136,14 +165,12 @@ def run_daemon(
     guard: SignalGuard | None = None,
 ) -> int:
     """Serve ``scanners`` with ``settings`` (logging already configured); see :func:`serve`.
-    Without ``guard`` (one :func:`serve` installed), one is installed for the call."""
+    Without ``guard``, the process's (:func:`guard_signals`) is used, or one for the call."""
     if guard is None:
-        guard = SignalGuard()
-        guard.install()
-        try:
+        with _guarded() as guard:
             return run_daemon(settings, scanners, reload_config, program=program, guard=guard)
-        finally:
-            guard.restore()
+    import structlog
+
     if guard.stop_requested:
         structlog.get_logger("devplug.daemon").info("daemon.stopped", served=False)
         return 0
