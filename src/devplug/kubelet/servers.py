@@ -66,7 +66,7 @@ class ResourceServers:
     @contextlib.asynccontextmanager
     async def serving(self, task_group: asyncio.TaskGroup) -> AsyncIterator[None]:
         """Servers run as tasks of ``task_group`` during the block; all stop at its end (their
-        sockets are removed)."""
+        sockets are removed), then the stop hooks owed run (each bounded by its timeout)."""
         self._task_group = task_group
         try:
             yield
