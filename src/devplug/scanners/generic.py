@@ -79,7 +79,9 @@ class GenericEntry(StrictModel):
     @classmethod
     def _cgroup_permissions(cls, value: str) -> str:
         if not value or set(value) - set("rwm") or len(set(value)) != len(value):
-            raise ValueError(f"must be 'r', 'w' and 'm', each at most once (e.g. rw); got {value!r}")
+            raise ValueError(
+                f"must be 'r', 'w' and 'm', each at most once (e.g. rw); got {value!r}"
+            )
         return value
 
 
