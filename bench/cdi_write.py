@@ -9,7 +9,9 @@ resource, in a scratch dir (a tmpfs when we may mount one), medians of ``--runs`
   SpecStore (ownership record, then the atomic write: temp file, fsync, 0644, rename,
   directory fsync; all file I/O through aiofiles);
 - one change: one device replaced, rendered again (the other devices' fragments reused), and
-  written the same way: what a hotplug event costs the CDI task.
+  written the same way: what a hotplug event costs the CDI task. The renderer is told the
+  tree's edit (``DeviceTree.edit_since``) as the CDI sync tells it, so it looks at that one
+  device only; the render without the edit (every id looked at again) is shown beside it.
 
 Nothing is asserted.
 
@@ -30,7 +32,7 @@ from devplug.cdi.build import SpecRenderer, resource_spec
 from devplug.cdi.ownership import OwnerLock
 from devplug.cdi.spec import spec_document
 from devplug.cdi.store import SpecStore
-from devplug.model import DeviceInfo, DeviceNode, Mount
+from devplug.model import DeviceInfo, DeviceNode, DeviceTree, Mount
 
 RESOURCE = KIND = "gpu.intel.com/i915"
 FILE = "gpu.intel.com-i915.json"
@@ -59,6 +61,8 @@ async def measure(count: int, runs: int, directory: Path) -> None:
     assert spec is not None
     document = spec_document(spec)
     floor, first, change = [], [], []
+    render_edit: list[float] = []
+    render_all: list[float] = []
     store = SpecStore(directory, "bench", OwnerLock(directory))
     await store.prepare()
     for run in range(runs):
@@ -76,22 +80,37 @@ async def measure(count: int, runs: int, directory: Path) -> None:
         await store.write(FILE, RESOURCE, rendered.data)
         first.append(time.perf_counter() - started)
 
-        changed = dict(devices)
+        # One device replaced, as a hotplug event's tree edit does it: the renderer is told
+        # the edit (DeviceTree.edit_since), so only that device is looked at.
         key = next(iter(devices))
-        changed[key] = gpu(0, 10_000 + run)
+        tree = DeviceTree({RESOURCE: devices})
+        renderer.render(tree[RESOURCE])  # the map the renderer rendered last (untimed)
+        changed_tree = tree.with_changes([(RESOURCE, key)], {RESOURCE: {key: gpu(0, 10_000 + run)}})
+        changed = changed_tree[RESOURCE]
+        edit = changed_tree.edit_since(RESOURCE, tree[RESOURCE])
         started = time.perf_counter()
         await store.prepare()
-        rendered = renderer.render(changed)
+        rendered = renderer.render(changed, edit)
+        rendered_at = time.perf_counter()
         assert rendered is not None
         await store.write(FILE, RESOURCE, rendered.data)
         change.append(time.perf_counter() - started)
+        render_edit.append(rendered_at - started)
+        # The same change without the edit: every id looked at again (the fragments reused).
+        again = changed_tree.with_changes(
+            [(RESOURCE, key)], {RESOURCE: {key: gpu(0, 20_000 + run)}}
+        )
+        started = time.perf_counter()
+        renderer.render(again[RESOURCE])
+        render_all.append(time.perf_counter() - started)
     size = (directory / FILE).stat().st_size
     print(
         f"{count:>6} devices ({size / 1024:.0f} KiB spec): floor (json.dumps + write) "
         f"{median_ms(floor):.1f} ms; devplug first render + atomic write "
         f"{median_ms(first):.1f} ms ({median_ms(first) / median_ms(floor):.2f}x); one device "
         f"changed {median_ms(change):.1f} ms ({median_ms(change) / median_ms(floor):.2f}x) "
-        f"(medians of {runs})"
+        f"(medians of {runs}); of which the render {median_ms(render_edit):.2f} ms (told the "
+        f"edit; without it, every id looked at again: {median_ms(render_all):.2f} ms)"
     )
     await store.remove(FILE)
     await store.close()

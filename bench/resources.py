@@ -49,9 +49,9 @@ scanners:
 
 async def serve(
     scratch: Path, host: UmockdevHost, resources: int, run: int
-) -> tuple[float, int, int, int]:
-    """(start -> all registered and listed, threads, fds, RSS KiB) of a daemon serving
-    ``resources`` resources."""
+) -> tuple[float, int, int, int, float, float]:
+    """(start -> all registered and listed, threads, fds, RSS KiB, start -> first Register
+    accepted, start -> last) of a daemon serving ``resources`` resources."""
     kubelet_dir = scratch / f"kubelet{resources}-{run}"
     names = [f"example.com/gpu{index}" for index in range(resources)]
     with host.activated():
@@ -68,23 +68,30 @@ async def serve(
                 threads = len(os.listdir(f"/proc/{pid}/task"))
                 fds = len(os.listdir(f"/proc/{pid}/fd"))
                 rss = status_kib(pid, "VmRSS")
-                accepted = sum(r.accepted for r in kubelet.registrations)
-                assert accepted >= resources, accepted
-    return elapsed, threads, fds, rss
+                accepted = [r.at - started for r in kubelet.registrations if r.accepted]
+                assert len(accepted) >= resources, accepted
+    return elapsed, threads, fds, rss, min(accepted), max(accepted)
 
 
 async def main(resources: int, runs: int) -> None:
     require_preload()
     with scratch_dir() as scratch:
         host = gpu_host(scratch / "testbed", resources)
-        one: list[tuple[float, int, int, int]] = []
-        many: list[tuple[float, int, int, int]] = []
+        one: list[tuple[float, int, int, int, float, float]] = []
+        many: list[tuple[float, int, int, int, float, float]] = []
         for run in range(runs):
             one.append(await serve(scratch, host, 1, run))
             many.append(await serve(scratch, host, resources, run))
     print(f"{resources} resources, one server each ({runs} runs, alternating with 1 resource)")
     print(f"start -> 1 resource registered and listed:   {summary_ms([r[0] for r in one])}")
     print(f"start -> all {resources} registered and listed: {summary_ms([r[0] for r in many])}")
+    print(
+        "  of which: start -> first Register accepted "
+        + ", ".join(f"{r[4] * 1000:.0f}" for r in many)
+        + " ms; -> last accepted "
+        + ", ".join(f"{r[5] * 1000:.0f}" for r in many)
+        + " ms"
+    )
     for label, index in (("threads", 1), ("open fds", 2), ("RSS KiB", 3)):
         a = [r[index] for r in one]
         b = [r[index] for r in many]

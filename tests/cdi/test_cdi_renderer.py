@@ -101,3 +101,70 @@ def test_the_version_follows_the_fields_of_the_devices_present() -> None:
 def test_an_invalid_kind_is_refused() -> None:
     with pytest.raises(CdiSpecError, match="kind"):
         SpecRenderer("3dvendor/gpu")
+
+
+def test_rendering_from_edits_gives_the_bytes_of_a_full_render() -> None:
+    """A random walk of tree edits (adds, removals, re-reads, shares, devices with nothing to
+    give): rendering only what each edit changed gives what rendering every device gives, and
+    the same names."""
+    from devplug.model import DeviceTree
+
+    rng = random.Random(16)
+    renderer = SpecRenderer(KIND)
+    tree = DeviceTree({RESOURCE: {"0000:00:00.0": gpu(0)}})
+    assert renderer.render(tree[RESOURCE]) is not None
+    edited = 0
+    for step in range(300):
+        devices = tree.get(RESOURCE, {})
+        removed = [(RESOURCE, i) for i in devices if rng.random() < 0.1]
+        added: dict[str, DeviceInfo] = {}
+        for _ in range(rng.randrange(4)):
+            index = rng.randrange(40)
+            address = f"0000:{index:02x}:00.0"
+            if address in devices and (RESOURCE, address) not in removed:
+                continue
+            choice = rng.random()
+            if choice < 0.15:
+                added[address] = DeviceInfo()  # nothing to put in a container
+            elif choice < 0.3:
+                shared = gpu(index)
+                added.update({f"{address}-{share}": shared for share in range(2)})
+            else:
+                added[address] = gpu(index, host_path=rng.random() < 0.3, gids=rng.random() < 0.2)
+        added = {
+            i: info for i, info in added.items() if i not in devices or (RESOURCE, i) in removed
+        }
+        new = tree.with_changes(removed, {RESOURCE: added} if added else {})
+        if RESOURCE not in new:
+            tree = DeviceTree({RESOURCE: {"0000:00:00.0": gpu(0)}})
+            renderer.render(tree[RESOURCE])
+            continue
+        last = renderer.rendered
+        edit = None if last is None else new.edit_since(RESOURCE, last)
+        edited += edit is not None
+        rendered = renderer.render(new[RESOURCE], edit)
+        want = expected(dict(new[RESOURCE]))
+        if want is None:
+            assert rendered is None, step
+        else:
+            assert rendered is not None and rendered.data == want, step
+            spec = resource_spec(KIND, new[RESOURCE])
+            assert spec is not None and rendered.names == {d.name for d in spec.devices}
+            assert renderer.spec_devices() == spec.devices
+        tree = new
+    assert edited > 200  # the walk went through the edit path
+
+
+def test_an_invalid_device_in_an_edit_changes_nothing() -> None:
+    from devplug.model import DeviceTree
+
+    renderer = SpecRenderer(KIND)
+    tree = DeviceTree({RESOURCE: {"0000:01:00.0": gpu(1)}})
+    first = renderer.render(tree[RESOURCE])
+    bad = DeviceInfo(cdi_edits=CdiEdits(hooks=(CdiHook("noSuchHook", "/usr/bin/hook"),)))
+    new = tree.with_changes([], {RESOURCE: {"0000:02:00.0": bad}})
+    with pytest.raises(CdiSpecError):
+        renderer.render(new[RESOURCE], new.edit_since(RESOURCE, tree[RESOURCE]))
+    assert renderer.rendered is None  # the next render is a full one
+    again = renderer.render(tree[RESOURCE])
+    assert first is not None and again is not None and again.data == first.data

@@ -799,6 +799,7 @@ async def test_while_a_spec_is_replaced_only_unchanged_devices_are_named(
 
     seen: list[frozenset[str] | None] = []
     from devplug.cdi.carry_out import carry_out as real
+
     scanner = StaticScanner({SERIAL: devices(3)})
     async with running_daemon(settings(kubelet_dir, cdi_dir), [scanner]) as daemon:
         await started(kubelet)
@@ -997,3 +998,24 @@ async def test_a_huge_foreign_spec_is_never_read_whole(short_dir: Path) -> None:
     assert refused >= 1  # the taken name was seen, and left alone
     assert measured - floor < 16 * 1024, f"{floor} KiB without the files, {measured} KiB with"
     assert (crowded / "vendor.example-big.json").read_bytes() == big  # never touched
+
+
+def test_narrowing_a_catalog_entry_through_an_edit_names_what_a_full_pass_names() -> None:
+    from devplug.cdi.catalog import CdiResource
+    from devplug.model import DeviceInfo, DeviceNode, DeviceTree
+
+    def node(i: int) -> DeviceInfo:
+        return DeviceInfo(nodes=(DeviceNode(f"/dev/n{i}"),))
+
+    resource = "example.com/dev"
+    tree = DeviceTree({resource: {f"d{i}": node(i) for i in range(6)}})
+    entry = CdiResource(
+        "example.com/dev", "example.com-dev.json", frozenset(tree[resource]), tree[resource]
+    )
+    new = tree.with_changes(
+        [(resource, "d1"), (resource, "d2")], {resource: {"d2": node(2), "d9": node(9)}}
+    )
+    edit = new.edit_since(resource, tree[resource])
+    assert edit is not None
+    fast, full = entry.narrowed_to(new[resource], edit), entry.narrowed_to(new[resource])
+    assert fast.names == full.names == {"d0", "d3", "d4", "d5"}

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import bisect
+from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -24,8 +26,8 @@ from devplug.cdi.spec import (
     later_version,
 )
 from devplug.errors import CdiSpecError
-from devplug.model import DeviceInfo
-from devplug.naming import natural_key
+from devplug.model import DeviceInfo, MapEdit
+from devplug.naming import NaturalKey, natural_key
 
 
 def device_edits(info: DeviceInfo) -> ContainerEdits:
@@ -74,19 +76,16 @@ def resource_spec(kind: str, devices: Mapping[str, DeviceInfo]) -> Spec | None:
     raise its cdiVersion to 0.6.0, a version CDI libraries before 0.6 (Debian 12's podman,
     containerd 1.7, CRI-O 1.27) refuse whole. Ownership is kept in
     :mod:`devplug.cdi.ownership` instead."""
-    rendered = SpecRenderer(kind).render(devices)
-    return None if rendered is None else Spec(kind=kind, devices=rendered.devices)
+    renderer = SpecRenderer(kind)
+    if renderer.render(devices) is None:
+        return None
+    return Spec(kind=kind, devices=renderer.spec_devices())
 
 
 @dataclass(frozen=True, slots=True)
 class RenderedSpec:
     data: bytes  # the file's bytes: spec_json() of the same devices gives exactly these
-    devices: tuple[SpecDevice, ...]  # in file order
-
-    @property
-    def names(self) -> frozenset[str]:
-        """The device names the spec defines."""
-        return frozenset(device.name for device in self.devices)
+    names: frozenset[str]  # the device names the spec defines
 
 
 class _Made(NamedTuple):
@@ -105,8 +104,10 @@ class SpecRenderer:
     in a container are left out. A hotplug event changes one device of thousands; rebuilding,
     validating and serialising all of them on every change cost tens of milliseconds of CPU
     that competed with the RPCs. A device's fragment is kept while its DeviceInfo is the same
-    object (trees share unchanged devices' objects). Not thread-safe: one renderer per
-    resource, used by one thread at a time.
+    object (trees share unchanged devices' objects). Given the edit that made the map from the
+    one rendered last (:meth:`DeviceTree.edit_since`), only the edited ids are looked at: the
+    work is O(changed) but for joining the fragments into the file's bytes. Not thread-safe:
+    one renderer per resource, used by one thread at a time.
     """
 
     def __init__(self, kind: str) -> None:
@@ -116,35 +117,112 @@ class SpecRenderer:
             raise CdiSpecError(f"invalid CDI spec for kind {kind!r}: {'; '.join(problems)}")
         self._head_version = head_version(kind, {}, None)
         self._made: dict[str, _Made] = {}
-        # The ids of the last render in file order: reused while the set of ids is the same
-        # (a natural sort of 10,000 ids costs ~20 ms).
+        # The ids of the last render in file order, their natural keys (for bisect) and their
+        # fragments (empty for devices left out); reused while the set of ids is the same (a
+        # natural sort of 10,000 ids costs ~20 ms) and edited in place after an edit.
         self._order: list[str] = []
+        self._keys: list[NaturalKey] = []
+        self._fragments: list[bytes] = []
+        self._versions: Counter[str] = Counter()  # of the devices in the file
+        self._names: set[str] = set()  # the ids of the devices in the file
+        # The map rendered last (None: unknown, after a failed render).
+        self.rendered: Mapping[str, DeviceInfo] | None = None
 
-    def render(self, devices: Mapping[str, DeviceInfo]) -> RenderedSpec | None:
-        """The spec of ``devices``, or None when no device has anything to give."""
+    def render(
+        self, devices: Mapping[str, DeviceInfo], edit: MapEdit | None = None
+    ) -> RenderedSpec | None:
+        """The spec of ``devices``, or None when no device has anything to give. ``edit``: how
+        ``devices`` was made from the map rendered last, if known."""
+        last, self.rendered = self.rendered, None  # until this render succeeds
+        if edit is not None and last is not None and edit.base is last:
+            self._apply(devices, edit)
+        else:
+            self._render_all(devices)
+        self.rendered = devices
+        if not self._names:
+            return None
+        version = later_version(self._head_version, *self._versions)
+        if len(self._names) == len(self._fragments):
+            fragments = self._fragments
+        else:
+            fragments = [fragment for fragment in self._fragments if fragment]
+        data = assemble_spec_json(self.kind, {}, version, fragments)
+        return RenderedSpec(data, frozenset(self._names))
+
+    def spec_devices(self) -> tuple[SpecDevice, ...]:
+        """The devices of the last render's spec, in file order."""
+        made = (self._made[device_id] for device_id in self._order)
+        return tuple(m.device for m in made if m.device is not None)
+
+    def _render_all(self, devices: Mapping[str, DeviceInfo]) -> None:
         made: dict[str, _Made] = {}
         edits_of: dict[int, ContainerEdits] = {}  # shares of one device have one DeviceInfo
-        listed: list[SpecDevice] = []
+        order, keys = self._order, self._keys
+        if len(order) != len(devices) or not all(i in devices for i in order):
+            keys = sorted(map(natural_key, devices))
+            order = [key[1] for key in keys]  # a NaturalKey ends with the text itself
         fragments: list[bytes] = []
-        versions = {self._head_version}
-        if len(self._order) != len(devices) or not all(i in devices for i in self._order):
-            self._order = sorted(devices, key=natural_key)
-        for device_id in self._order:
+        versions: Counter[str] = Counter()
+        names: set[str] = set()
+        for device_id in order:
             info = devices[device_id]
             cached = self._made.get(device_id)
             if cached is None or cached.info is not info:
                 cached = self._make(device_id, info, edits_of)
             made[device_id] = cached
+            fragments.append(cached.fragment)
             if cached.device is not None:
-                listed.append(cached.device)
-                fragments.append(cached.fragment)
-                versions.add(cached.version)
-        self._made = made
-        if not fragments:
-            return None
-        version = later_version(*versions)
-        data = assemble_spec_json(self.kind, {}, version, fragments)
-        return RenderedSpec(data, tuple(listed))
+                versions[cached.version] += 1
+                names.add(device_id)
+        self._made, self._order, self._keys = made, order, keys
+        self._fragments, self._versions, self._names = fragments, versions, names
+
+    def _apply(self, devices: Mapping[str, DeviceInfo], edit: MapEdit) -> None:
+        """The last render's state, edited: the ids ``edit`` took out go, the ids it put in
+        are made (first, so that an invalid device changes nothing) and take their place."""
+        edits_of: dict[int, ContainerEdits] = {}
+        new: dict[str, _Made] = {}
+        for device_id in edit.added:
+            info = devices[device_id]
+            cached = self._made.get(device_id)
+            if cached is None or cached.info is not info:
+                cached = self._make(device_id, info, edits_of)
+            new[device_id] = cached
+        for device_id in edit.removed - edit.added:
+            old = self._made.pop(device_id, None)
+            if old is None:
+                continue
+            index = self._index(device_id)
+            del self._order[index], self._keys[index], self._fragments[index]
+            self._forget(device_id, old)
+        for device_id, made in new.items():
+            old = self._made.get(device_id)
+            self._made[device_id] = made
+            if old is None:
+                key = natural_key(device_id)
+                index = bisect.bisect_left(self._keys, key)
+                self._order.insert(index, device_id)
+                self._keys.insert(index, key)
+                self._fragments.insert(index, made.fragment)
+            else:
+                self._fragments[self._index(device_id)] = made.fragment
+                self._forget(device_id, old)
+            if made.device is not None:
+                self._versions[made.version] += 1
+                self._names.add(device_id)
+
+    def _index(self, device_id: str) -> int:
+        index = bisect.bisect_left(self._keys, natural_key(device_id))
+        if self._order[index] != device_id:  # unreachable: the state describes the base
+            raise RuntimeError(f"renderer out of step at {device_id!r}")
+        return index
+
+    def _forget(self, device_id: str, old: _Made) -> None:
+        if old.device is not None:
+            self._versions[old.version] -= 1
+            if not self._versions[old.version]:
+                del self._versions[old.version]
+            self._names.discard(device_id)
 
     @staticmethod
     def _make(device_id: str, info: DeviceInfo, edits_of: dict[int, ContainerEdits]) -> _Made:

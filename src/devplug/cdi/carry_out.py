@@ -53,7 +53,7 @@ async def carry_out(
 
 async def _write(store: SpecStore, resource: str, job: Write, previous: Previous | None) -> Done:
     # Rendering is CPU work (validating thousands of devices on a first render): a thread.
-    rendered = await asyncio.to_thread(job.renderer.render, job.devices)
+    rendered = await asyncio.to_thread(job.renderer.render, job.devices, job.edit)
     if rendered is None:
         await store.remove(job.file_name)
         return Done(b"", None, False, None)

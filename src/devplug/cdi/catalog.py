@@ -13,7 +13,7 @@ from pathlib import Path
 import structlog
 
 from devplug.cdi.files import FileStamp, file_stamp
-from devplug.model import DeviceInfo
+from devplug.model import DeviceInfo, MapEdit
 
 log = structlog.get_logger("devplug.cdi")
 
@@ -32,9 +32,15 @@ class CdiResource:
     path: Path | None = None
     stamp: FileStamp | None = None
 
-    def narrowed_to(self, devices: Mapping[str, DeviceInfo]) -> CdiResource:
+    def narrowed_to(
+        self, devices: Mapping[str, DeviceInfo], edit: MapEdit | None = None
+    ) -> CdiResource:
         """This entry, naming only the devices whose DeviceInfo is the very one in
-        ``devices`` too: what a file being replaced defines before and after alike."""
+        ``devices`` too: what a file being replaced defines before and after alike. ``edit``:
+        how ``devices`` was made from a map; when that is the one this file was made from, only
+        the ids it edited can differ (no pass over every name, on the event loop)."""
+        if edit is not None and edit.base is self.devices:
+            return replace(self, names=self.names - edit.removed - edit.added)
         same = frozenset(name for name in self.names if devices.get(name) is self.devices.get(name))
         return replace(self, names=same)
 

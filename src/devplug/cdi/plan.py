@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from devplug.cdi.build import SpecRenderer
 from devplug.cdi.catalog import CdiResource
 from devplug.cdi.files import FileStamp
-from devplug.model import DeviceInfo
+from devplug.model import DeviceInfo, MapEdit
 
 
 @dataclass(slots=True)
@@ -24,6 +24,8 @@ class Write:
     renderer: SpecRenderer
     file_name: str
     devices: Mapping[str, DeviceInfo]  # the resource's devices now
+    # How ``devices`` was made from the map the renderer rendered last, if the tree knows.
+    edit: MapEdit | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -225,7 +225,10 @@ class CdiSync:
             renderer = self._renderers.get(resource)
             if renderer is None or renderer.kind != kind:
                 renderer = self._renderers[resource] = SpecRenderer(kind)
-            plan.write[resource] = Write(renderer, file_name, devices)
+            edit = (
+                None if renderer.rendered is None else tree.edit_since(resource, renderer.rendered)
+            )
+            plan.write[resource] = Write(renderer, file_name, devices, edit)
         for resource, done in self._written.items():
             if resource not in tree:
                 plan.remove[resource] = Removal(done.entry.file_name, done.stamp)
@@ -260,7 +263,7 @@ class CdiSync:
         for resource, job in plan.write.items():
             old = before[resource]
             if old is not None:
-                self.catalog.set(resource, old.narrowed_to(job.devices))
+                self.catalog.set(resource, old.narrowed_to(job.devices, job.edit))
         work = asyncio.ensure_future(carry_out(self.store, plan, previous))
         try:
             outcomes = await asyncio.shield(work)
