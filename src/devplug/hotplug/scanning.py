@@ -29,7 +29,7 @@ from devplug.errors import ConfigError, ScanCancelled
 from devplug.hotplug.list_limit import ListLimit
 from devplug.model import DeviceTree
 from devplug.scanners.base import IncrementalScanner, Reporter, Scanner
-from devplug.scanners.udev import UdevEvent, UdevSource
+from devplug.scanners.udev import SourceUnavailable, UdevEvent, UdevSource
 
 log = structlog.get_logger("devplug.scan")
 
@@ -110,7 +110,15 @@ class ScanRunner:
         has a previous tree updates it from the events; the others scan fully.
         """
         started = time.perf_counter()
-        source = UdevSource(cancelled)
+        source: UdevSource | None = None
+        try:
+            source = UdevSource(cancelled)
+        except Exception as exc:
+            # No libudev context (a new worker thread out of descriptors, say): every scanner
+            # fails this time, and keeps its previous result.
+            unusable: Exception | None = exc
+        else:
+            unusable = None
         merged = DeviceTree()
         owners: dict[str, Scanner] = {}
         conflicts: dict[str, tuple[str, ...]] = {}
@@ -118,6 +126,8 @@ class ScanRunner:
         full = incremental = 0
         for index, scanner in enumerate(self.scanners):
             try:
+                if source is None:
+                    raise SourceUnavailable(f"no udev source: {unusable}") from unusable
                 tree: DeviceTree | None = None
                 previous = self._last.get(index)
                 incremental_scanner = self._incremental.get(index)
@@ -164,7 +174,8 @@ class ScanRunner:
                         log.error("scan.report.clash", scanner=scanner.name, section=section)
                         continue
                     extras[section] = content
-        self._report_devices(source, full_scan=events is None)
+        if source is not None:
+            self._report_devices(source, full_scan=events is None)
         fitted, held = self.list_limit.fit(merged)
         if held:
             extras[HELD_BACK_SECTION] = [
