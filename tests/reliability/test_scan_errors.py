@@ -42,6 +42,14 @@ def named(logs: Sequence[LogEntry], event: str) -> list[LogEntry]:
     return [entry for entry in logs if entry["event"] == event]
 
 
+def logged_more(logs: Sequence[LogEntry], event: str, than: int) -> Callable[[], bool]:
+    return lambda: len(named(logs, event)) > than
+
+
+def exactly(ids: set[str]) -> Callable[[Mapping[str, ListedDevice]], bool]:
+    return lambda listed: set(listed) == ids
+
+
 async def eventually(condition: Callable[[], bool], timeout: float = WAIT_S) -> None:
     async with asyncio.timeout(timeout):
         while not condition():  # noqa: ASYNC110 - log lines and counters have no events
@@ -95,9 +103,9 @@ async def test_a_scan_that_cannot_open_files_keeps_the_devices_and_retries(
             for round_ in range(rounds):
                 with out_of_file_descriptors():
                     daemon.request_scan()
-                    await eventually(lambda n=round_: len(named(logs, "scan.failed")) > n)
+                    await eventually(logged_more(logs, "scan.failed", round_))
                 # Nobody asks again: the retry after the back-off finds the files it needs.
-                await eventually(lambda n=round_: len(named(logs, "scan.recovered")) > n)
+                await eventually(logged_more(logs, "scan.recovered", round_))
                 assert daemon.stats.value.advertised.get(SERIAL, {}).keys() == wanted
             await daemon.rescan()
             assert all(serial_ids(listed) == wanted for listed in session.updates)
@@ -166,7 +174,7 @@ async def test_a_uevent_that_is_not_utf8_does_not_lose_the_events_read_with_it(
                 send_raw(host, bad_devpath_event(host, before))
                 host.emit("add", after)
                 expected = {f"ttyUSB{i}" for i in range(2 * round_ + 3)}
-                await session.wait_for_update(lambda listed, e=expected: set(listed) == e)
+                await session.wait_for_update(exactly(expected))
             assert daemon.listener.unreadable == rounds
     assert named(logs, "udev.event.unreadable")
 
