@@ -51,13 +51,15 @@ def positive_seconds(text: str) -> float:
     return value
 
 
-def _output(parser: argparse.ArgumentParser, choices: tuple[str, ...], default: str) -> None:
+def _output(
+    parser: argparse.ArgumentParser, choices: tuple[str, ...], default: str, when: str = ""
+) -> None:
     parser.add_argument(
         "-o",
         "--output",
         choices=choices,
         default=default,
-        help=f"output format (default {default})",
+        help=f"output format (default {default}){when}",
     )
 
 
@@ -134,7 +136,7 @@ def build_parser(
     run.add_argument(
         "--dry-run", action="store_true", help="print the device tree and exit (as 'scan')"
     )
-    _output(run, FORMATS, "table")
+    _output(run, FORMATS, "table", ", with --dry-run")
 
     scan = command("scan", "print the device tree that 'run' would serve, and exit")
     _settings_flags(scan, scanner_names, serving=False)

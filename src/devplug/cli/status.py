@@ -118,8 +118,9 @@ def status_command(kubelet_dir: Path | None, output: str, timeout: float) -> int
     os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
     source = "--kubelet-dir"
     if kubelet_dir is None:
-        source = "DEVPLUG_KUBELET_DIR"
-        kubelet_dir = Path(os.environ.get("DEVPLUG_KUBELET_DIR") or DEFAULT_KUBELET_DIR)
+        from_env = os.environ.get("DEVPLUG_KUBELET_DIR")
+        source = "DEVPLUG_KUBELET_DIR" if from_env else "the kubelet dir"
+        kubelet_dir = Path(from_env or DEFAULT_KUBELET_DIR)
     if kubelet_dir.exists() and not kubelet_dir.is_dir():
         print(f"devplug: {source}: {kubelet_dir} is not a directory", file=sys.stderr)
         return 2

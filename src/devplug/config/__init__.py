@@ -1,15 +1,14 @@
 """Settings: defaults < config file < environment (DEVPLUG_*) < command-line flags.
 
 Everything is validated before anything is served; a problem becomes a
-:class:`~devplug.errors.ConfigError` naming the field and what would be valid. Scanner
-sections are kept raw here and validated by each scanner (``devplug.scanners.registry``), so
-this module does not depend on the scanners.
+:class:`~devplug.errors.ConfigError` naming the field and what would be valid
+(:mod:`.messages`). The file is read by :mod:`.files`, addresses are checked by
+:mod:`.address`. Scanner sections are kept raw here and validated by each scanner
+(``devplug.scanners.registry``), so this package does not depend on the scanners.
 """
 
 from __future__ import annotations
 
-import difflib
-import ipaddress
 import os
 import re
 import types
@@ -18,7 +17,6 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, ClassVar, Literal, Self
 
-import yaml
 from pydantic import (
     BaseModel,
     ConfigDict,
@@ -28,12 +26,35 @@ from pydantic import (
     field_validator,
 )
 
+from devplug.config.address import parse_address
+from devplug.config.files import read_config_file
+from devplug.config.messages import config_error
 from devplug.errors import ConfigError
 from devplug.naming import cdi_kind_problem, resource_name_problem
+
+__all__ = [
+    "DEFAULT_CDI_DIR",
+    "DEFAULT_KUBELET_DIR",
+    "ENV_PREFIX",
+    "SCALAR_KEYS",
+    "CdiSettings",
+    "HotplugSettings",
+    "SectionSettings",
+    "Settings",
+    "StrictModel",
+    "config_error",
+    "env_overrides",
+    "env_scanners",
+    "load_settings",
+    "parse_address",
+    "path_problem",
+    "read_config_file",
+]
 
 DEFAULT_KUBELET_DIR = Path("/var/lib/kubelet/device-plugins")
 DEFAULT_CDI_DIR = Path("/var/run/cdi")
 ENV_PREFIX = "DEVPLUG_"
+_INSTANCE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.,-]{0,62}")
 
 LogFormat = Literal["json", "console"]
 LogLevel = Literal["debug", "info", "warning", "error"]
@@ -185,53 +206,6 @@ class CdiSettings(StrictModel):
         return value
 
 
-_INSTANCE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.,-]{0,62}")
-_ADDRESS = re.compile(r"(?:\[(?P<v6>[^\]]*)\]|(?P<host>[^:\[\]]*)):(?P<port>[0-9]{1,5})")
-_HOST_LABEL = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?")
-
-
-def parse_address(value: str) -> tuple[str, int]:
-    """``HOST:PORT`` (``[::1]:9400`` for IPv6; an empty host means every address).
-
-    The port is 0 to 65535 (0: any free port); the host an IPv4 address, an IPv6 address in
-    brackets, or a host name. Raises ValueError saying which part is wrong.
-    """
-    try:
-        return _parse_address(value)
-    except ValueError as exc:
-        raise ValueError(f"{exc}; want HOST:PORT, e.g. 127.0.0.1:9400 or [::]:9400") from None
-
-
-def _parse_address(value: str) -> tuple[str, int]:
-    match = _ADDRESS.fullmatch(value)
-    if match is None:
-        raise ValueError(f"got {value!r}")
-    port = int(match["port"])
-    if port > 65535:
-        raise ValueError(f"the port must be 0 to 65535, got {port} in {value!r}")
-    if match["v6"] is not None:
-        try:
-            ipaddress.IPv6Address(match["v6"])
-        except ValueError:
-            raise ValueError(f"{match['v6']!r} is not an IPv6 address (in {value!r})") from None
-        return match["v6"], port
-    host = match["host"]
-    if not host:
-        return "0.0.0.0", port
-    if re.fullmatch(r"[0-9.]+", host):
-        try:
-            ipaddress.IPv4Address(host)
-        except ValueError:
-            raise ValueError(f"{host!r} is not an IPv4 address (in {value!r})") from None
-        return host, port
-    labels = host.removesuffix(".").split(".")
-    if len(host) > 253 or not all(_HOST_LABEL.fullmatch(label) for label in labels):
-        raise ValueError(
-            f"{host!r} is not a host name or IP address (in {value!r}; IPv6 goes in brackets)"
-        )
-    return host, port
-
-
 class Settings(StrictModel):
     kubelet_dir: Path = DEFAULT_KUBELET_DIR
     cdi: CdiSettings = CdiSettings()
@@ -284,133 +258,6 @@ class Settings(StrictModel):
 
 # Flags and environment variables that map onto top-level settings.
 SCALAR_KEYS = ("kubelet_dir", "cdi_dir", "log_format", "log_level", "metrics_address")
-
-
-def _join(location: Sequence[int | str]) -> str:
-    out = ""
-    for part in location:
-        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
-    return out
-
-
-# pydantic's prefixes of messages raised by validators ("Value error, must be ...").
-_PYDANTIC_PREFIXES = ("Value error, ", "Assertion failed, ")
-
-
-def config_error(
-    exc: ValidationError,
-    prefix: str = "",
-    model: type[BaseModel] | None = None,
-    sources: Mapping[str, str] | None = None,
-) -> ConfigError:
-    """Turn pydantic's first error into a ConfigError with a dotted field path and a hint.
-
-    ``sources`` maps a dotted field to where its value came from when that was not the config
-    file (``DEVPLUG_LOG_LEVEL``, ``--kubelet-dir``): the error names that instead.
-    """
-    first = exc.errors(include_url=False)[0]
-    location = list(first["loc"])
-    field = _join([prefix, *location] if prefix else location)
-    if sources and field in sources:
-        field = sources[field]
-    message = str(first["msg"])
-    for pydantic_prefix in _PYDANTIC_PREFIXES:
-        message = message.removeprefix(pydantic_prefix)
-    if first["type"] == "string_pattern_mismatch":
-        # pydantic's text is the regular expression itself.
-        message = f"is not a valid value here (got {first['input']!r})"
-    elif first["type"] == "extra_forbidden":
-        known = _known_keys(model, location[:-1]) if model is not None else []
-        message = "unknown setting"
-        if known:
-            close = difflib.get_close_matches(str(location[-1]), known, n=1)
-            hint = f"; did you mean {close[0]!r}?" if close else ""
-            message += f"{hint} valid keys here: {', '.join(known)}"
-    elif first["type"] == "missing":
-        message = "is required"
-    elif "input" in first and first["type"] not in ("value_error", "assertion_error"):
-        message += f" (got {first['input']!r})"
-    return ConfigError(field, message)
-
-
-def _known_keys(model: type[BaseModel], location: Sequence[int | str]) -> list[str]:
-    """Field names of the (possibly nested) model at ``location``."""
-    current = model
-    for part in location:
-        if isinstance(part, int):
-            continue
-        field = current.model_fields.get(part)
-        if field is None:
-            return []
-        annotation = field.annotation
-        args = getattr(annotation, "__args__", ())
-        candidates = [annotation, *args, *(a for arg in args for a in getattr(arg, "__args__", ()))]
-        nested = [c for c in candidates if isinstance(c, type) and issubclass(c, BaseModel)]
-        if not nested:
-            return []
-        current = nested[0]
-    return sorted(current.model_fields)
-
-
-class _UniqueKeyLoader(yaml.SafeLoader):
-    """YAML's safe loader, refusing a key given twice in one mapping (PyYAML keeps the last,
-    which silently drops the first section)."""
-
-    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
-        seen: set[Any] = set()
-        for key_node, _ in node.value:
-            if key_node.tag == "tag:yaml.org,2002:merge":
-                continue
-            key = self.construct_object(key_node, deep=True)
-            try:
-                duplicate = key in seen
-                seen.add(key)
-            except TypeError:  # an unhashable key: the constructor says so itself
-                continue
-            if duplicate:
-                raise yaml.constructor.ConstructorError(
-                    None, None, f"duplicate key {key!r}", key_node.start_mark
-                )
-        return super().construct_mapping(node, deep=deep)
-
-
-def _yaml_problem(exc: yaml.YAMLError) -> str:
-    """One line: ``LINE:COLUMN: problem`` (PyYAML's own text spans several lines)."""
-    if isinstance(exc, yaml.MarkedYAMLError):
-        mark = exc.problem_mark or exc.context_mark
-        problem = exc.problem or exc.context or "invalid YAML"
-        where = f"{mark.line + 1}:{mark.column + 1}: " if mark is not None else " "
-        return " ".join(f"{where}not valid YAML: {problem}".split())
-    return " " + " ".join(f"not valid YAML: {exc}".split())
-
-
-def read_config_file(path: Path, source: str = "--config") -> dict[str, Any]:
-    """Load a YAML config file; an empty file is an empty config.
-
-    Errors are one line naming the file, under ``source`` (the flag or variable that named it).
-    """
-    try:
-        raw = path.read_bytes()
-    except FileNotFoundError:
-        raise ConfigError(source, f"file not found: {path}") from None
-    except OSError as exc:
-        raise ConfigError(source, f"cannot read {path}: {exc.strerror or exc}") from None
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise ConfigError(
-            source,
-            f"{path} is not UTF-8 text (byte 0x{raw[exc.start]:02x} at offset {exc.start})",
-        ) from None
-    try:
-        data = yaml.load(text, Loader=_UniqueKeyLoader)  # a SafeLoader
-    except yaml.YAMLError as exc:
-        raise ConfigError(source, f"{path}:{_yaml_problem(exc)}") from None
-    if data is None:
-        return {}
-    if not isinstance(data, dict):
-        raise ConfigError(source, f"{path} must hold a mapping at the top level")
-    return data
 
 
 def env_overrides(environ: Mapping[str, str]) -> dict[str, Any]:
