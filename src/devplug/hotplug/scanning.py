@@ -21,6 +21,7 @@ import threading
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
 
 import structlog
 
@@ -52,6 +53,14 @@ class ScanResult:
     # Scanners that failed this time (raised, or their source could not be read): their
     # previous devices, if any, were kept; the scan loop retries soon.
     failed: tuple[str, ...] = ()
+
+
+@runtime_checkable
+class Adopting(Protocol):
+    """A scanner that keeps state between scans (what it advertised), told the last tree of
+    the scanner it replaces on a reload."""
+
+    def adopt(self, previous: DeviceTree) -> None: ...
 
 
 def event_subsystems(scanners: Sequence[Scanner]) -> frozenset[str] | None:
@@ -91,6 +100,8 @@ class ScanRunner:
                 tree = before.get(scanner.name)
                 if tree is not None:
                     self._last[index] = tree
+                    if isinstance(scanner, Adopting):
+                        scanner.adopt(tree)
         self._problems: ProblemLog = ProblemLog() if replacing is None else replacing._problems
         # Protocol isinstance checks are slow: resolve once.
         self._incremental = {

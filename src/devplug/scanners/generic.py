@@ -134,6 +134,12 @@ class GenericScanner:
             seen.add(entry.resource)
         return cls(entries)
 
+    def adopt(self, previous: DeviceTree) -> None:
+        """Carry on from the tree the scanner this one replaces (a reload) advertised: a
+        device in it whose node is missing stays Unhealthy, rather than being dropped as if
+        never seen (which would also forget its health hold-down)."""
+        self._advertised = previous
+
     @property
     def subsystems(self) -> frozenset[str] | None:
         """Subsystems whose events matter; None (everything) if an entry matches by node only."""
