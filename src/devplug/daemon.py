@@ -49,6 +49,7 @@ from devplug.kubelet.server import DEFAULT_TIMING, ServerTiming
 from devplug.kubelet.servers import ResourceServers
 from devplug.model import DeviceTree
 from devplug.ops.http import StatusEndpoint
+from devplug.ops.limits import raise_fd_limit
 from devplug.ops.metrics import Metrics
 from devplug.ops.systemd import SystemdNotifier
 from devplug.scanners.base import Scanner
@@ -299,7 +300,7 @@ class Daemon:
         except Exception:
             log.exception("config.reload.failed", kept="the running configuration")
             return
-        runner = ScanRunner(scanners, self.scan_loop.runner.list_limit)
+        runner = ScanRunner(scanners, replacing=self.scan_loop.runner)
         try:
             # A trial scan: a config the host cannot be served with (a list too big for the
             # kubelet, say) is refused here, not by stopping the daemon. Exclusive: it shares
@@ -339,6 +340,7 @@ async def run_until_signalled(daemon: Daemon) -> None:
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, daemon.request_stop)
     loop.add_signal_handler(signal.SIGHUP, daemon.request_reload)
+    raise_fd_limit()  # systemd's soft 1,024 is too few to serve under load
     try:
         await daemon.run()
     finally:
