@@ -334,16 +334,26 @@ class Daemon:
         )
 
 
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT)
+HANDLED_SIGNALS = (*STOP_SIGNALS, signal.SIGHUP)
+
+
 async def run_until_signalled(daemon: Daemon) -> None:
-    """Run the daemon; SIGTERM/SIGINT stop it, SIGHUP reloads the config and rescans."""
+    """Run the daemon; SIGTERM/SIGINT/SIGQUIT stop it (SIGQUIT as KubeVirt's device plugin
+    manager does), SIGHUP reloads the config and rescans. On return each signal gets back the
+    handler it had before (asyncio alone would reset them to the default, which kills: the
+    guard of :func:`devplug.plugin.serve` must stay through the rest of the shutdown)."""
     loop = asyncio.get_running_loop()
-    for signum in (signal.SIGTERM, signal.SIGINT):
+    previous = {signum: signal.getsignal(signum) for signum in HANDLED_SIGNALS}
+    for signum in STOP_SIGNALS:
         loop.add_signal_handler(signum, daemon.request_stop)
     loop.add_signal_handler(signal.SIGHUP, daemon.request_reload)
     raise_fd_limit()  # systemd's soft 1,024 is too few to serve under load
     try:
         await daemon.run()
     finally:
-        for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        for signum, handler in previous.items():
             with contextlib.suppress(ValueError, RuntimeError):
                 loop.remove_signal_handler(signum)
+                if handler is not None:
+                    signal.signal(signum, handler)
