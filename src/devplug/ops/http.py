@@ -8,8 +8,9 @@ registered with the kubelet, 503 with the missing ones otherwise.
 The port is unauthenticated, so no client may starve the daemon through it: at most
 ``MAX_CONNECTIONS`` connections are served at once (the rest are closed as soon as they are
 accepted, so each costs a file descriptor only for that moment), and each connection, reading
-and writing included, is cut after ``CONNECTION_TIMEOUT_S``. Idle connections beyond the cap
-wait in the kernel's accept queue, which costs the daemon nothing.
+and writing included, is cut after ``CONNECTION_TIMEOUT_S``. The listen backlog equals the cap:
+more connections wait in the kernel (costing the daemon nothing), and at most twice the cap
+are open in the daemon at any moment.
 """
 
 from __future__ import annotations
@@ -54,8 +55,14 @@ class StatusEndpoint:
         self._capped = ProblemLog()
 
     async def start(self) -> None:
+        # The backlog is also how many connections asyncio accepts per loop pass, before any
+        # handler has run: kept at the cap, it bounds the descriptors open at once to twice it.
         self._server = await asyncio.start_server(
-            self._handle, self.host, self.port, limit=MAX_HEADER_BYTES
+            self._handle,
+            self.host,
+            self.port,
+            limit=MAX_HEADER_BYTES,
+            backlog=self.max_connections,
         )
         sockets = self._server.sockets
         if sockets and self.port == 0:
