@@ -25,7 +25,7 @@ reported as build, serialize and send, their total, and apart the simulator's pa
 conversion, done by the floor's client: it is in bench.hotplug's figures, not in these).
 
     umockdev-wrapper .venv/bin/python -m bench.hotplug_stages [--devices 1000 10000] \
-        [--samples 20]
+        [--samples 20] [--quiet-ms 0.5] [--encoded] [--proposals]
 """
 
 from __future__ import annotations
@@ -87,7 +87,13 @@ STAGES = (
 
 @contextlib.asynccontextmanager
 async def traced_daemon(
-    config_text: str, kubelet_dir: Path, host: UmockdevHost, trace: Path
+    config_text: str,
+    kubelet_dir: Path,
+    host: UmockdevHost,
+    trace: Path,
+    quiet_ms: float = 0,
+    encoded: bool = False,
+    proposals: bool = False,
 ) -> AsyncIterator[asyncio.subprocess.Process]:
     """``devplug run`` through bench.traced_daemon; the trace is written when it exits."""
     config = kubelet_dir.parent / "config.yaml"
@@ -107,7 +113,14 @@ async def traced_daemon(
         "json",
         stdout=asyncio.subprocess.DEVNULL,
         stderr=asyncio.subprocess.DEVNULL,
-        env={**os.environ, **host.env(), "DEVPLUG_TRACE": str(trace)},
+        env={
+            **os.environ,
+            **host.env(),
+            "DEVPLUG_TRACE": str(trace),
+            **({"DEVPLUG_BENCH_QUIET_MS": str(quiet_ms)} if quiet_ms else {}),
+            **({"DEVPLUG_BENCH_ENCODED": "1"} if encoded else {}),
+            **({"DEVPLUG_BENCH_PROPOSALS": "1"} if proposals else {}),
+        },
     )
     try:
         yield process
@@ -268,7 +281,9 @@ async def floor_samples(
     return out
 
 
-async def run_size(scratch: Path, devices: int, samples: int) -> None:
+async def run_size(
+    scratch: Path, devices: int, samples: int, quiet_ms: float, encoded: bool, proposals: bool
+) -> None:
     built = time.perf_counter()
     host = gpu_host(scratch / f"testbed{devices}", devices)
     gc.freeze()
@@ -282,7 +297,7 @@ async def run_size(scratch: Path, devices: int, samples: int) -> None:
         floor = await floor_samples(scratch / f"floor{devices}.sock", host, devices, samples)
         async with (
             KubeletSimulator(kubelet_dir) as kubelet,
-            traced_daemon(RENDER_CONFIG, kubelet_dir, host, trace),
+            traced_daemon(RENDER_CONFIG, kubelet_dir, host, trace, quiet_ms, encoded, proposals),
         ):
             session = await kubelet.wait_for_plugin(RENDER_RESOURCE, timeout=600)
             await session.wait_for_update(lambda listed: len(listed) == devices, timeout=600)
@@ -324,6 +339,19 @@ async def run_size(scratch: Path, devices: int, samples: int) -> None:
             by_kind[kind][stage].append(value)
             by_kind.setdefault("all", defaultdict(list))[stage].append(value)
     print(f"{len(windows)} samples ({samples} adds + {samples} removes); {missing} not matched")
+    cdi = [r for r in records if r[0] in ("cdi.pass", "cdi.render")]
+    overlapping = sum(
+        any(r[1] < arrived and r[2] > started for r in cdi) for _, started, arrived in windows
+    )
+    renders = [r[2] - r[1] for r in cdi if r[0] == "cdi.render"][1:]  # not the first render
+    passes = [r[2] - r[1] for r in cdi if r[0] == "cdi.pass"][1:]
+    if renders and passes:
+        print(
+            f"CDI: {len(passes)} passes after the first (render p50 "
+            f"{percentile(renders, 0.5) * 1000:.2f} ms, max {max(renders) * 1000:.2f} ms; whole "
+            f"pass with the write p50 {percentile(passes, 0.5) * 1000:.2f} ms); samples whose "
+            f"window a CDI pass overlapped: {overlapping} of {len(windows)}"
+        )
     print(
         f"{'stage':<26} {'add p50':>8} {'add p99':>8} {'rm p50':>8} {'rm p99':>8} "
         f"{'all max':>8}  (ms)"
@@ -351,11 +379,19 @@ async def run_size(scratch: Path, devices: int, samples: int) -> None:
     )
 
 
-async def main(sizes: Sequence[int], samples: int) -> None:
+async def main(
+    sizes: Sequence[int], samples: int, quiet_ms: float, encoded: bool, proposals: bool
+) -> None:
     require_preload()
+    if quiet_ms:
+        print(f"coalescing window ends after {quiet_ms:g} ms without a datagram (a proposal)")
+    if encoded:
+        print("ListAndWatch message: encoded entries edited and joined (a proposal)")
+    if proposals:
+        print("health gate and rescan index: bench.proposals' O(changed) stand-ins")
     for devices in sizes:
         with scratch_dir(size="4g") as scratch:
-            await run_size(scratch, devices, samples)
+            await run_size(scratch, devices, samples, quiet_ms, encoded, proposals)
 
 
 if __name__ == "__main__":
@@ -364,5 +400,21 @@ if __name__ == "__main__":
     )
     parser.add_argument("--devices", type=int, nargs="+", default=[1000, 10_000])
     parser.add_argument("--samples", type=int, default=20)
+    parser.add_argument(
+        "--quiet-ms",
+        type=float,
+        default=0,
+        help="end the coalescing window after this long without a datagram (bench-only stand-in)",
+    )
+    parser.add_argument(
+        "--encoded",
+        action="store_true",
+        help="build the ListAndWatch message from edited encoded entries (bench-only stand-in)",
+    )
+    parser.add_argument(
+        "--proposals",
+        action="store_true",
+        help="the health gate and rescan index of bench.proposals (bench-only stand-ins)",
+    )
     args = parser.parse_args()
-    asyncio.run(main(args.devices, args.samples))
+    asyncio.run(main(args.devices, args.samples, args.quiet_ms, args.encoded, args.proposals))
