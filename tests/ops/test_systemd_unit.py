@@ -3,8 +3,10 @@
 
 These check the unit's rules offline (with systemd's own parser where it has one:
 ``systemd-analyze verify``, in test_systemd.py). Starting the unit for real needs systemd as
-PID 1, which the test machines do not run (their PID 1 is a sandbox's process manager, and
-there is no container engine or systemd-nspawn to boot one).
+PID 1. The test machines do not run it (their PID 1 is a sandbox's process manager) and have no
+container engine or systemd-nspawn. systemd does start as PID 1 in an ``unshare --pid --mount``
+namespace there, but its boot units then act on the host's shared directories (tried once:
+systemd-tmpfiles' boot clean-up emptied the shared /tmp), so the suite does not boot it.
 """
 
 from __future__ import annotations
