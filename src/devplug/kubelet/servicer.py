@@ -26,6 +26,7 @@ from typing import Any, TypeVar
 import grpc
 import structlog
 
+from devplug._kits.problems import ProblemLog
 from devplug._kits.values import LatestValue
 from devplug._proto import deviceplugin_v1beta1_pb2 as pb
 from devplug._proto import deviceplugin_v1beta1_pb2_grpc as pb_grpc
@@ -106,6 +107,7 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
         self._answers: dict[tuple[str, ...], pb.ContainerAllocateResponse] = {}
         self._answer_bytes = 0
         self.refused_streams = 0
+        self._stream_cap = ProblemLog()
         # The ListAndWatch message of the current snapshot, shared by every open stream.
         self._listed: tuple[DeviceMap, pb.ListAndWatchResponse] | None = None
         self._list_builder = ListMessageBuilder()
@@ -140,8 +142,13 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
     ) -> AsyncIterator[pb.ListAndWatchResponse]:
         if self.active_streams >= MAX_STREAMS:
             self.refused_streams += 1
-            self._log.warning(
-                "listandwatch.refused", streams=self.active_streams, limit=MAX_STREAMS
+            # Once while the cap holds (then at debug): a flood of streams must not flood logs.
+            self._stream_cap.report(
+                self._log,
+                "listandwatch.refused",
+                f"{MAX_STREAMS} streams open",
+                level="warning",
+                field="state",
             )
             await context.abort(
                 grpc.StatusCode.RESOURCE_EXHAUSTED,
@@ -163,6 +170,8 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
                 self._log.debug("listandwatch.sent", devices=len(devices))
         finally:
             self.active_streams -= 1
+            if self._stream_cap.solved():
+                self._log.info("listandwatch.below_cap", refused=self.refused_streams)
             if not self.active_streams:
                 self.idle.set()
             self._log.info("listandwatch.closed", streams=self.active_streams)
