@@ -18,7 +18,10 @@ from typing import Any
 import pytest
 import yaml
 
+from devplug.model import DeviceInfo, DeviceTree
 from devplug.ops.metrics import Metrics
+from devplug.testing import KubeletSimulator, daemon_settings, running_daemon
+from devplug.testing.harness import StaticScanner
 
 ROOT = Path(__file__).resolve().parent.parent
 RULES = ROOT / "deploy" / "prometheus" / "devplug-rules.yaml"
@@ -144,3 +147,27 @@ def test_the_operations_guide_lists_the_panels_and_the_alerts() -> None:
         )
     for alert in alert_names():
         assert f"`{alert}`" in text, f"alert not described in operations.md: {alert}"
+
+
+class FailingScanner(StaticScanner):
+    """Serves one device, then fails every scan once ``failing`` is set."""
+
+    failing = False
+
+    def scan(self, source: Any) -> DeviceTree:
+        if self.failing:
+            raise OSError(24, "Too many open files")
+        return super().scan(source)
+
+
+async def test_a_failed_scan_counts_in_devplug_scan_failures_total(
+    kubelet: KubeletSimulator, kubelet_dir: Path
+) -> None:
+    """What DevplugScanErrors and the dashboard's failure panels read."""
+    scanner = FailingScanner({"example.com/serial": {"dev0": DeviceInfo()}})
+    async with running_daemon(daemon_settings(kubelet_dir), [scanner]) as daemon:
+        await (await kubelet.wait_for_plugin("example.com/serial")).wait_for_update()
+        scanner.failing = True
+        await daemon.rescan()
+        exposition = daemon.metrics.exposition().decode()
+    assert f'devplug_scan_failures_total{{scanner="{scanner.name}"}} 1.0' in exposition

@@ -257,6 +257,8 @@ class Daemon:
         kind = "incremental" if result.full == 0 and result.incremental else "full"
         self.metrics.scan_seconds.labels(kind).observe(result.duration_s)
         self.metrics.set_held_back(result.held_back)
+        for scanner in result.failed:
+            self.metrics.scan_failures.labels(scanner).inc()
         stats = self._stats.value
         self._update_stats(
             full_scans=stats.full_scans + result.full,
