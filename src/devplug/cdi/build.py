@@ -27,7 +27,7 @@ from devplug.cdi.spec import (
 )
 from devplug.errors import CdiSpecError
 from devplug.model import DeviceInfo, MapEdit
-from devplug.naming import NaturalKey, natural_key
+from devplug.naming import natural_key
 
 
 def device_edits(info: DeviceInfo) -> ContainerEdits:
@@ -117,11 +117,10 @@ class SpecRenderer:
             raise CdiSpecError(f"invalid CDI spec for kind {kind!r}: {'; '.join(problems)}")
         self._head_version = head_version(kind, {}, None)
         self._made: dict[str, _Made] = {}
-        # The ids of the last render in file order, their natural keys (for bisect) and their
-        # fragments (empty for devices left out); reused while the set of ids is the same (a
-        # natural sort of 10,000 ids costs ~20 ms) and edited in place after an edit.
+        # The ids of the last render in file order and their fragments (empty for devices left
+        # out); reused while the set of ids is the same (a natural sort of 10,000 ids costs
+        # ~20 ms) and edited in place after an edit (found by bisect on natural keys).
         self._order: list[str] = []
-        self._keys: list[NaturalKey] = []
         self._fragments: list[bytes] = []
         self._versions: Counter[str] = Counter()  # of the devices in the file
         self._names: set[str] = set()  # the ids of the devices in the file
@@ -157,10 +156,9 @@ class SpecRenderer:
     def _render_all(self, devices: Mapping[str, DeviceInfo]) -> None:
         made: dict[str, _Made] = {}
         edits_of: dict[int, ContainerEdits] = {}  # shares of one device have one DeviceInfo
-        order, keys = self._order, self._keys
+        order = self._order
         if len(order) != len(devices) or not all(i in devices for i in order):
-            keys = sorted(map(natural_key, devices))
-            order = [key[1] for key in keys]  # a NaturalKey ends with the text itself
+            order = sorted(devices, key=natural_key)
         fragments: list[bytes] = []
         versions: Counter[str] = Counter()
         names: set[str] = set()
@@ -174,7 +172,7 @@ class SpecRenderer:
             if cached.device is not None:
                 versions[cached.version] += 1
                 names.add(device_id)
-        self._made, self._order, self._keys = made, order, keys
+        self._made, self._order = made, order
         self._fragments, self._versions, self._names = fragments, versions, names
 
     def _apply(self, devices: Mapping[str, DeviceInfo], edit: MapEdit) -> None:
@@ -193,16 +191,14 @@ class SpecRenderer:
             if old is None:
                 continue
             index = self._index(device_id)
-            del self._order[index], self._keys[index], self._fragments[index]
+            del self._order[index], self._fragments[index]
             self._forget(device_id, old)
         for device_id, made in new.items():
             old = self._made.get(device_id)
             self._made[device_id] = made
             if old is None:
-                key = natural_key(device_id)
-                index = bisect.bisect_left(self._keys, key)
+                index = bisect.bisect_left(self._order, natural_key(device_id), key=natural_key)
                 self._order.insert(index, device_id)
-                self._keys.insert(index, key)
                 self._fragments.insert(index, made.fragment)
             else:
                 self._fragments[self._index(device_id)] = made.fragment
@@ -212,7 +208,7 @@ class SpecRenderer:
                 self._names.add(device_id)
 
     def _index(self, device_id: str) -> int:
-        index = bisect.bisect_left(self._keys, natural_key(device_id))
+        index = bisect.bisect_left(self._order, natural_key(device_id), key=natural_key)
         if self._order[index] != device_id:  # unreachable: the state describes the base
             raise RuntimeError(f"renderer out of step at {device_id!r}")
         return index
