@@ -2,7 +2,8 @@
 
 A child process serves two resources through ``devplug.plugin.serve`` (the entry point a
 plugin author uses): ``example.com/blob``, 64 devices with 16 KiB of environment each (large
-Allocate answers), and ``example.com/big``, 100,000 devices. The parent plays the kubelet
+Allocate answers), and ``example.com/big``, 100,000 devices for the scenarios that need them
+(one otherwise); CDI is off. The parent plays the kubelet
 (``KubeletSimulator``) and the attacker, and reads the child's RSS and fds from /proc:
 
 - 4,096 distinct Allocates with ~64 KiB answers (the answer cache);
@@ -11,6 +12,8 @@ Allocate answers), and ``example.com/big``, 100,000 devices. The parent plays th
 - 1,100 idle TCP connections to the metrics port (capped, cut after the deadline);
 - an unrelated call's latency while GetPreferredAllocation offers 200,000 ids;
 - SIGTERM to exit, with four such calls in flight.
+
+Each scenario gets a fresh daemon, so its figure does not inherit the previous one's RSS.
 
     .venv/bin/python -m bench.hardening
 
@@ -21,12 +24,15 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import signal
 import socket
 import sys
 import tempfile
 import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -45,18 +51,22 @@ MIB = 1024 * 1024
 STINGY = [("grpc.http2.bdp_probe", 0), ("grpc.http2.lookahead_bytes", 16 * 1024)]
 
 
-def child(kubelet_dir: str, port: int) -> int:
-    """Serve BLOB and BIG until SIGTERM (run in the child process)."""
+def child(kubelet_dir: str, port: int, big_count: int) -> int:
+    """Serve BLOB and BIG (``big_count`` devices) until SIGTERM (run in the child process)."""
+    from devplug.config import CdiSettings
     from devplug.model import DeviceInfo, DeviceNode
     from devplug.plugin import serve
     from devplug.testing import StaticScanner, daemon_settings
 
     settings = daemon_settings(
-        Path(kubelet_dir), metrics_address=f"127.0.0.1:{port}", log_level="warning"
+        Path(kubelet_dir),
+        metrics_address=f"127.0.0.1:{port}",
+        log_level="warning",
+        cdi=CdiSettings(enabled=False),  # a 100,000-device spec would cost its own memory
     )
     null = (DeviceNode("/dev/null"),)
     blob = {f"b{i}": DeviceInfo(nodes=null, env={f"BLOB_{i}": "x" * 16 * 1024}) for i in range(64)}
-    big = {f"d{i}": DeviceInfo(nodes=null) for i in range(BIG_COUNT)}
+    big = {f"d{i}": DeviceInfo(nodes=null) for i in range(big_count)}
     scanner = StaticScanner({BLOB: blob, BIG: big})
     return serve(lambda: (settings, [scanner]))
 
@@ -66,6 +76,14 @@ def rss_mib(pid: int) -> float:
         if line.startswith("VmRSS:"):
             return int(line.split()[1]) / 1024
     return 0.0
+
+
+async def settled(pid: int) -> None:
+    """Until the daemon's RSS holds still for a second (start-up work done)."""
+    before = -1.0
+    while abs(rss_mib(pid) - before) > 0.5:
+        before = rss_mib(pid)
+        await asyncio.sleep(1.0)
 
 
 def fds(pid: int) -> int:
@@ -227,7 +245,24 @@ async def sigterm_exit(process: asyncio.subprocess.Process, stub: Any) -> None:
     await asyncio.gather(*calls, return_exceptions=True)
 
 
-async def main() -> None:
+@dataclass
+class Child:
+    """A fresh daemon process for one scenario, so each figure starts from the same RSS."""
+
+    process: asyncio.subprocess.Process
+    kubelet_dir: Path
+    port: int
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def channel(self, resource: str) -> grpc.aio.Channel:
+        return grpc.aio.insecure_channel(f"unix://{socket_path_for(self.kubelet_dir, resource)}")
+
+
+@contextlib.asynccontextmanager
+async def daemon(big_count: int = 1) -> AsyncIterator[Child]:
     with tempfile.TemporaryDirectory(prefix="dph-", dir="/tmp") as tmp:
         kubelet_dir = Path(tmp) / "device-plugins"
         kubelet_dir.mkdir()
@@ -236,36 +271,49 @@ async def main() -> None:
             port = int(probe.getsockname()[1])
         async with KubeletSimulator(kubelet_dir) as kubelet:
             process = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "bench.hardening", "--child", str(kubelet_dir), str(port)
+                sys.executable,
+                "-m",
+                "bench.hardening",
+                "--child",
+                str(kubelet_dir),
+                str(port),
+                str(big_count),
             )
             try:
                 await kubelet.wait_for_plugin(BLOB, timeout=120)
                 await kubelet.wait_for_plugin(BIG, timeout=120)
-                line("idle daemon: RSS", f"{rss_mib(process.pid):.1f} MiB")
-                blob_path = socket_path_for(kubelet_dir, BLOB)
-                big_path = socket_path_for(kubelet_dir, BIG)
-                async with grpc.aio.insecure_channel(f"unix://{blob_path}") as channel:
-                    stub: Any = pb_grpc.DevicePluginStub(channel)
-                    await answer_cache(stub, process.pid)
-                    await answer_cache(stub, process.pid)  # again: a high-water mark or a leak?
-                    await oversized_allocates(stub, process.pid)
-                await idle_streams(blob_path, process.pid)
-                await idle_connections(port, process.pid)
-                async with grpc.aio.insecure_channel(f"unix://{big_path}") as channel:
-                    stub = pb_grpc.DevicePluginStub(channel)
-                    await loop_delay(stub)
-                    line("after all of the above: RSS", f"{rss_mib(process.pid):.1f} MiB")
-                    await sigterm_exit(process, stub)
+                await settled(process.pid)
+                yield Child(process, kubelet_dir, port)
             finally:
                 if process.returncode is None:
                     process.kill()
                     await process.wait()
 
 
+async def main() -> None:
+    async with daemon() as child:
+        line("idle daemon (65 devices): RSS", f"{rss_mib(child.pid):.1f} MiB")
+        async with child.channel(BLOB) as channel:
+            stub: Any = pb_grpc.DevicePluginStub(channel)
+            await answer_cache(stub, child.pid)
+            await answer_cache(stub, child.pid)  # again: a high-water mark or a leak?
+    async with daemon() as child, child.channel(BLOB) as channel:
+        await oversized_allocates(pb_grpc.DevicePluginStub(channel), child.pid)
+    async with daemon() as child:
+        await idle_streams(socket_path_for(child.kubelet_dir, BLOB), child.pid)
+    async with daemon() as child:
+        await idle_connections(child.port, child.pid)
+    async with daemon(BIG_COUNT) as child, child.channel(BIG) as channel:
+        line("idle daemon (100,064 devices): RSS", f"{rss_mib(child.pid):.1f} MiB")
+        await loop_delay(pb_grpc.DevicePluginStub(channel))
+    async with daemon(BIG_COUNT) as child, child.channel(BIG) as channel:
+        await sigterm_exit(child.process, pb_grpc.DevicePluginStub(channel))
+
+
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--child", nargs=2, metavar=("KUBELET_DIR", "PORT"))
+    parser.add_argument("--child", nargs=3, metavar=("KUBELET_DIR", "PORT", "BIG_COUNT"))
     args = parser.parse_args()
     if args.child:
-        sys.exit(child(args.child[0], int(args.child[1])))
+        sys.exit(child(args.child[0], int(args.child[1]), int(args.child[2])))
     asyncio.run(main())

@@ -12,7 +12,8 @@ default-answer cache is bounded in bytes; at most ``MAX_STREAMS`` ListAndWatch s
 at once (the kubelet opens one); a stream that does not read holds only the message in flight
 and gets the latest list when it reads again. GetPreferredAllocation never fails a pod over a
 bogus request: offered ids the resource does not advertise are dropped when there are more
-of them than it advertises, and a large default answer is worked out off the event loop.
+of them than it advertises, and a large default answer is worked out off the event loop, one
+at a time.
 """
 
 from __future__ import annotations
@@ -108,6 +109,7 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
         self._answer_bytes = 0
         self.refused_streams = 0
         self._stream_cap = ProblemLog()
+        self._off_loop = asyncio.Semaphore(1)
         # The ListAndWatch message of the current snapshot, shared by every open stream.
         self._listed: tuple[DeviceMap, pb.ListAndWatchResponse] | None = None
         self._list_builder = ListMessageBuilder()
@@ -303,8 +305,21 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
                 if len(chosen) >= size:
                     return chosen[: max(size, len(set(must_include)))]
                 # A short answer is topped up by the default policy.
-                return await _default_preferred(available, chosen, size, devices)
-        return await _default_preferred(available, must_include, size, devices)
+                return await self._default_preferred(available, chosen, size, devices)
+        return await self._default_preferred(available, must_include, size, devices)
+
+    async def _default_preferred(
+        self, available: list[str], must_include: list[str], size: int, devices: DeviceMap
+    ) -> list[str]:
+        """The default policy; a large request in a worker thread, one at a time per server:
+        a flood of them queues here (cancelled at shutdown) instead of occupying every worker
+        thread, so a stopping daemon waits for one computation at most."""
+        if len(available) + len(must_include) <= PREFERRED_OFF_LOOP_IDS:
+            return default_preferred(available, must_include, size, devices)
+        async with self._off_loop:
+            return await asyncio.to_thread(
+                default_preferred, available, must_include, size, devices
+            )
 
     async def PreStartContainer(
         self,
@@ -350,15 +365,6 @@ def advertised_only(ids: Sequence[str], devices: DeviceMap) -> list[str]:
     if len(ids) <= len(devices):
         return list(ids)
     return [i for i in ids if i in devices]
-
-
-async def _default_preferred(
-    available: list[str], must_include: list[str], size: int, devices: DeviceMap
-) -> list[str]:
-    """The default policy, in a worker thread when the request is large."""
-    if len(available) + len(must_include) <= PREFERRED_OFF_LOOP_IDS:
-        return default_preferred(available, must_include, size, devices)
-    return await asyncio.to_thread(default_preferred, available, must_include, size, devices)
 
 
 def _check_count(answers: Sequence[object], requests: Sequence[object]) -> None:
