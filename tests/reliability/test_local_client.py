@@ -54,7 +54,8 @@ async def serving(
 ) -> AsyncIterator[tuple[Daemon, Any]]:
     """The daemon serving ``scanner``, and a client of its own (not the kubelet's)."""
     async with running_daemon(daemon_settings(kubelet_dir), [scanner]) as daemon:
-        await kubelet.wait_for_plugin(RESOURCE)
+        session = await kubelet.wait_for_plugin(RESOURCE)
+        await session.wait_for_update()  # the kubelet's stream is open
         path = socket_path_for(kubelet_dir, RESOURCE)
         # A client that takes no more than it reads: no window growth (BDP probing), and a
         # window smaller than one list, so what is not read stays with the server.
