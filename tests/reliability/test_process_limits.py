@@ -95,7 +95,7 @@ async def test_idle_metrics_connections_cannot_use_up_the_daemons_fds(
     (EMFILE at systemd's 1,024, and the next scan read an empty host). The daemon now serves
     at most MAX_CONNECTIONS at a time and closes the others at once; the idle ones it serves
     are cut after the deadline; then /healthz answers, and the devices were never withdrawn."""
-    idle = scaled(200, 1100)
+    idle = scaled(300, 1100)
     add_usb_serial(host, index=0)
     port = free_port()
     config = write_config(short_dir, port)
@@ -116,8 +116,9 @@ async def test_idle_metrics_connections_cannot_use_up_the_daemons_fds(
                 while not all(closed(client) for client in clients):
                     peak = max(peak, open_fds(process.pid))
                     await asyncio.sleep(0.02)
-            # Served ones, plus one accept batch (the backlog) not yet handed to a handler.
-            most = 2 * MAX_CONNECTIONS + 8
+            # Served ones, plus accept batches (the backlog each) not yet closed: a constant,
+            # whatever the number of clients.
+            most = 4 * MAX_CONNECTIONS + 8
             assert peak <= baseline + most, f"{peak - baseline} fds for {idle} connections"
         finally:
             for client in clients:

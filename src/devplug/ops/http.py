@@ -9,8 +9,8 @@ The port is unauthenticated, so no client may starve the daemon through it: at m
 ``MAX_CONNECTIONS`` connections are served at once (the rest are closed as soon as they are
 accepted, so each costs a file descriptor only for that moment), and each connection, reading
 and writing included, is cut after ``CONNECTION_TIMEOUT_S``. The listen backlog equals the cap:
-more connections wait in the kernel (costing the daemon nothing), and at most twice the cap
-are open in the daemon at any moment.
+more connections wait in the kernel (costing the daemon nothing), and the descriptors open
+in the daemon stay a small multiple of the cap however many clients connect.
 """
 
 from __future__ import annotations
@@ -56,7 +56,8 @@ class StatusEndpoint:
 
     async def start(self) -> None:
         # The backlog is also how many connections asyncio accepts per loop pass, before any
-        # handler has run: kept at the cap, it bounds the descriptors open at once to twice it.
+        # handler has run: kept at the cap, the descriptors open at once stay a small multiple
+        # of it (a batch being served, a batch being closed, a batch just accepted).
         self._server = await asyncio.start_server(
             self._handle,
             self.host,
