@@ -74,7 +74,8 @@ async def test_a_reload_while_a_scanner_fails_keeps_its_devices(
                 await daemon.stats.wait_for(reloaded_more_than(round_), timeout=WAIT_S)
                 await daemon.rescan()
                 assert socket_path_for(kubelet_dir, RESOURCE).exists()
-            assert [len(listed) for listed in session.updates] == [3]
+            # Never withdrawn (after a few failures in a row they are reported Unhealthy).
+            assert all(len(listed) == 3 for listed in session.updates)
             assert len(daemon.stats.value.advertised[RESOURCE]) == 3
     assert [e["event"] for e in logs if e["event"] == "scan.failed"], "the failures are logged"
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import os
 import resource
 import socket
@@ -22,13 +23,17 @@ from typing import Any
 import structlog
 
 from devplug.config import HotplugSettings
+from devplug.hotplug.scanning import UNKNOWN_AFTER_FAILURES
+from devplug.model import DeviceInfo, DeviceNode, DeviceTree
 from devplug.scanners.generic import GenericScanner
-from devplug.testing import KubeletSimulator, daemon_settings, running_daemon
+from devplug.scanners.udev import UdevSource
+from devplug.testing import KubeletSimulator, StaticScanner, daemon_settings, running_daemon
 from devplug.testing.simulator import ListedDevice
 from devplug.testing.umockdev import UmockdevHost, add_usb_serial
 from devplug.testing.umockdev.wire import encode_udev_message
 
 SERIAL = "example.com/serial"
+FAILING = "example.com/failing"
 SERIAL_ENTRY: dict[str, Any] = {
     "resource": SERIAL,
     "match": {"subsystem": "tty", "devnode": "/dev/ttyUSB*", "properties": {"ID_BUS": "usb"}},
@@ -113,6 +118,52 @@ async def test_a_scan_that_cannot_open_files_keeps_the_devices_and_retries(
     assert len(failures) == rounds, "logged once per failure, not once per retry"
     assert all("Too many open files" in entry["reason"] for entry in failures)
     assert all(entry["kept_previous"] for entry in failures)
+
+
+class Failing(StaticScanner):
+    """Three devices, or an error, as the test says."""
+
+    name = "failing"
+
+    def __init__(self) -> None:
+        node = (DeviceNode("/dev/null"),)
+        super().__init__({FAILING: {f"dev{i}": DeviceInfo(nodes=node) for i in range(3)}})
+        self.error: OSError | None = None
+
+    def scan(self, source: UdevSource) -> DeviceTree:
+        if self.error is not None:
+            raise self.error
+        return self.tree
+
+
+async def test_devices_of_a_scanner_that_keeps_failing_turn_unhealthy_then_recover(
+    kubelet: KubeletSimulator, kubelet_dir: Path, scaled: Callable[[int, int], int]
+) -> None:
+    """A scanner failing now and then keeps its devices as they were; failing
+    UNKNOWN_AFTER_FAILURES times in a row, it can no longer tell: its devices are reported
+    Unhealthy, with the reason (never withdrawn); its next good scan makes them Healthy."""
+    scanner = Failing()
+    hotplug = HotplugSettings(source="none", poll_s=3600, resync_s=3600, health_hold_down_s=0)
+    settings = daemon_settings(kubelet_dir, hotplug=hotplug)
+    healthy = {"dev0", "dev1", "dev2"}
+    async with running_daemon(settings, [scanner]) as daemon:
+        session = await kubelet.wait_for_plugin(FAILING)
+        await session.wait_for_update(lambda listed: session.healthy_ids() == healthy)
+        for _ in range(scaled(2, 10)):
+            scanner.error = OSError(errno.EIO, "Input/output error")
+            for _ in range(UNKNOWN_AFTER_FAILURES - 1):
+                await daemon.rescan()
+            assert daemon.stats.value.advertised[FAILING].keys() == healthy
+            assert session.healthy_ids() == healthy
+            await daemon.rescan()
+            listed = await session.wait_for_update(lambda listed: not session.healthy_ids())
+            assert set(listed) == healthy, "never withdrawn"
+            reason = daemon.stats.value.advertised[FAILING]["dev0"].health_reason
+            assert "state unknown" in reason and "Input/output error" in reason
+            scanner.error = None
+            await daemon.rescan()
+            await session.wait_for_update(lambda listed: session.healthy_ids() == healthy)
+        assert all(set(listed) == healthy for listed in session.updates)
 
 
 async def test_a_device_with_text_that_is_not_utf8_is_skipped_and_the_others_served(

@@ -4,7 +4,10 @@ Scanners are synchronous and may take long on big hosts, so a scan runs in a wor
 (``asyncio.to_thread``). A scan error is never "no devices": a scanner that raises, or whose
 source could not be read (out of file descriptors: libudev would have read every device as
 node-less), keeps its previous result; the result names it in ``failed`` so that the scan loop
-retries soon, and the failure is logged when it starts or changes, and when it ends. A
+retries soon, and the failure is logged when it starts or changes, and when it ends. After
+UNKNOWN_AFTER_FAILURES failed scans in a row the kept devices are reported Unhealthy (their
+state is unknown by then: the kubelet stops placing pods on them, yet keeps the capacity and
+the pods it placed); the next good scan reports them as they are. A
 ConfigError from a scanner's first scan is raised: the host cannot be served as configured.
 A device that cannot be read (text that is not UTF-8, a node name libudev cannot take) is
 skipped by its scanner, and logged with its sysfs path; the others are served.
@@ -17,6 +20,7 @@ After udev events every scanner runs: an
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import threading
 import time
 from collections.abc import Mapping, Sequence
@@ -28,7 +32,7 @@ import structlog
 from devplug._kits.problems import ProblemLog, error_reason
 from devplug.errors import ConfigError, ScanCancelled
 from devplug.hotplug.list_limit import ListLimit
-from devplug.model import DeviceTree
+from devplug.model import DeviceTree, Health
 from devplug.scanners.base import IncrementalScanner, Reporter, Scanner
 from devplug.scanners.udev import SourceUnavailable, UdevEvent, UdevSource
 
@@ -75,6 +79,22 @@ def event_subsystems(scanners: Sequence[Scanner]) -> frozenset[str] | None:
 
 
 HELD_BACK_SECTION = "held_back"
+# Failed scans in a row after which a scanner's kept devices are reported Unhealthy: with the
+# scan loop's back-off (0.5 s doubling) that is about 4 s of failing.
+UNKNOWN_AFTER_FAILURES = 4
+
+
+def unknown_state(tree: DeviceTree, reason: str) -> DeviceTree:
+    """``tree`` with every device Unhealthy for ``reason``."""
+    return DeviceTree(
+        {
+            resource: {
+                device_id: dataclasses.replace(info, health=Health.UNHEALTHY, health_reason=reason)
+                for device_id, info in devices.items()
+            }
+            for resource, devices in tree.items()
+        }
+    )
 
 
 class ScanRunner:
@@ -94,6 +114,8 @@ class ScanRunner:
             list_limit = replacing.list_limit
         self.list_limit: ListLimit = list_limit or ListLimit()
         self._last: dict[int, DeviceTree] = {}
+        # scanner index -> failed scans in a row
+        self._failures: dict[int, int] = {}
         if replacing is not None:
             before = {s.name: replacing._last.get(i) for i, s in enumerate(replacing.scanners)}
             for index, scanner in enumerate(self.scanners):
@@ -159,8 +181,13 @@ class ScanRunner:
                 failed.append(scanner.name)
                 self._failed(scanner, exc, kept_previous=index in self._last)
                 tree = self._last.get(index, DeviceTree())
+                self._failures[index] = self._failures.get(index, 0) + 1
+                if self._failures[index] >= UNKNOWN_AFTER_FAILURES:
+                    reason = f"state unknown: scanner {scanner.name} failing ({error_reason(exc)})"
+                    tree = unknown_state(tree, reason)
             else:
                 self._last[index] = tree
+                self._failures.pop(index, None)
                 if self._problems.solved(("scanner", scanner.name)):
                     log.info("scan.recovered", scanner=scanner.name)
             clash = set(tree) & set(merged)
