@@ -122,7 +122,12 @@ async def test_a_hotplugged_node_name_over_name_max_neither_crashes_nor_leaves_f
             await eventually(warned_about(log, set(bad)))
             assert process.returncode is None, "the daemon died"
         assert not socket_path_for(kubelet_dir, LONG).exists()
-        assert sorted(os.listdir(cdi_dir)) == [".devplug", "example.com-serial.json"]
+        # The CDI sync writes after the servers are told: wait for the good spec, then check
+        # that it is the only one.
+        await eventually(lambda: (cdi_dir / "example.com-serial.json").exists())
+        assert [n for n in os.listdir(cdi_dir) if n.endswith(".json")] == [
+            "example.com-serial.json"
+        ]
         process.send_signal(signal.SIGTERM)
         assert await process.wait() == 0
     leftovers = [name for name in os.listdir(kubelet_dir) if name.startswith("devplug")]
