@@ -9,10 +9,10 @@ Any local client that can open the socket is bounded: a container naming more id
 resource advertises (or a request of more than 1,024 containers) is refused before anything
 is built for it; the default-answer cache is bounded in bytes; at most ``MAX_STREAMS``
 ListAndWatch streams are open at once (the kubelet opens one); a stream that does not read
-holds only the message in flight and gets the latest list when it reads again. GetPreferredAllocation never fails a pod over a
-bogus request: offered ids the resource does not advertise are dropped when there are more
-of them than it advertises, and a large default answer is worked out off the event loop, one
-at a time.
+holds only the message in flight and gets the latest list when it reads again.
+GetPreferredAllocation never fails a pod over a bogus request: offered ids the resource does
+not advertise are dropped when there are more of them than it advertises, and a large default
+answer is worked out off the event loop, one at a time.
 """
 
 from __future__ import annotations
