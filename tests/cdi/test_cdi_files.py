@@ -23,6 +23,7 @@ import pytest
 
 from devplug.cdi.files import SPEC_SUFFIXES, TEMP_PREFIX, file_stamp, remove_temp_files
 from devplug.cdi.ownership import (
+    MUTEX_FILE,
     STATE_DIR,
     OwnerLock,
     OwnerRecord,
@@ -140,7 +141,13 @@ async def test_write_creates_the_dir_and_the_file_with_mode_0644_and_exact_conte
     info = os.lstat(target)
     assert stat.S_ISREG(info.st_mode) and stat.S_IMODE(info.st_mode) == 0o644
     assert written.changed and written.stamp == file_stamp(target)
-    assert written.stamp == (info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns)
+    assert written.stamp == (
+        info.st_dev,
+        info.st_ino,
+        info.st_size,
+        info.st_mtime_ns,
+        info.st_ctime_ns,
+    )
     assert listing(directory) == [NAME]  # no temp file left
     # The bookkeeping sits where no runtime looks, readable by devplug alone.
     state = directory / STATE_DIR
@@ -149,7 +156,9 @@ async def test_write_creates_the_dir_and_the_file_with_mode_0644_and_exact_conte
     assert stat.S_IMODE(os.lstat(record_file).st_mode) == 0o600
     record = await read_record(directory, NAME)
     assert record == OwnerRecord(RESOURCE, INSTANCE, store.owner, (content_id(spec(100)),))
-    assert sorted(os.listdir(state)) == sorted([record_file.name, f"{store.owner}.lock"])
+    # Besides: the daemon's lock, and the mutex that serialises daemons' check-then-act.
+    expected = [record_file.name, f"{store.owner}.lock", MUTEX_FILE]
+    assert sorted(os.listdir(state)) == sorted(expected)
 
 
 async def test_replacing_a_spec_keeps_the_other_files(

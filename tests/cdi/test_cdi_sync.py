@@ -84,7 +84,7 @@ def defined_names(cdi_dir: Path) -> set[str]:
 
 def stamp(path: Path) -> FileStamp:
     info = os.lstat(path)
-    return FileStamp(info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns)
+    return FileStamp(info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns, info.st_ctime_ns)
 
 
 def visible(cdi_dir: Path) -> list[str]:

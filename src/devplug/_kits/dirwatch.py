@@ -31,6 +31,7 @@ _WATCH_MASK = (
     | Mask.MOVED_FROM
     | Mask.MOVED_TO
     | Mask.CLOSE_WRITE
+    | Mask.MODIFY
     | Mask.DELETE_SELF
     | Mask.MOVE_SELF
     | Mask.ONLYDIR

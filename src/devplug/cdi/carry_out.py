@@ -36,6 +36,10 @@ async def carry_out(
             outcomes[resource] = exc
     for resource, check in plan.verify.items():
         if await stamp(store.directory / check.file_name) == check.stamp:
+            try:
+                await store.reclaim(check.file_name, resource, check.data)
+            except OSError as exc:
+                outcomes[resource] = exc
             continue
         try:
             written = await store.write(check.file_name, resource, check.data)

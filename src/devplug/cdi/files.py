@@ -42,10 +42,11 @@ class FileStamp(NamedTuple):
     inode: int
     size: int
     mtime_ns: int
+    ctime_ns: int  # no utime() can set it back: an in-place rewrite always changes it
 
 
 def stamp_of(info: os.stat_result) -> FileStamp:
-    return FileStamp(info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns)
+    return FileStamp(info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns, info.st_ctime_ns)
 
 
 def file_stamp(path: Path) -> FileStamp | None:
@@ -96,17 +97,13 @@ async def write_atomically(
             await temp.flush()
             await _fchmod(temp.fileno(), mode)
             await _fsync(temp.fileno())
-            # Stamped from the open file, not from the name after the rename: someone may
-            # delete the file in between, and a missing stamp would read as "still there".
+            await aiofiles.os.replace(temp_path, directory / file_name)
+            # Stamped from the open file after the rename (which sets its ctime), not from
+            # the name: someone may delete the file in between.
             written = stamp_of(await _fstat(temp.fileno()))
         except BaseException:
             await _discard(temp_path)
             raise
-    try:
-        await aiofiles.os.replace(temp_path, directory / file_name)
-    except BaseException:
-        await _discard(temp_path)
-        raise
     await fsync_dir(directory)
     return written
 
@@ -125,18 +122,18 @@ async def create_exclusively(
             await temp.flush()
             await _fchmod(temp.fileno(), mode)
             await _fsync(temp.fileno())
+            try:
+                await aiofiles.os.link(temp_path, directory / file_name)
+            except FileExistsError:
+                return None
+            finally:
+                await _discard(temp_path)
+            # After link and unlink (both set the inode's ctime).
             written = stamp_of(await _fstat(temp.fileno()))
         except BaseException:
             await _discard(temp_path)
             raise
-    try:
-        await aiofiles.os.link(temp_path, directory / file_name)
-    except FileExistsError:
-        return None
-    finally:
-        await _discard(temp_path)
     await fsync_dir(directory)
-    # A hard link shares the inode; only the link count (not in the stamp) differs.
     return written
 
 
@@ -166,7 +163,7 @@ async def remove_file(directory: Path, file_name: str) -> None:
 
 
 def _no_follow(path: str, flags: int) -> int:
-    return os.open(path, flags | os.O_NOFOLLOW | os.O_NONBLOCK)
+    return os.open(path, flags | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY)
 
 
 async def read_bounded(path: Path, limit: int) -> bytes | None:
@@ -174,22 +171,29 @@ async def read_bounded(path: Path, limit: int) -> bytes | None:
     FIFO or device is never opened through); None if it cannot be read. Reads ``limit + 1``
     at most, so callers can tell a file that fits from one that is longer."""
     try:
+        # Looked at before it is opened: opening some devices acts (a watchdog node arms).
+        named = await aiofiles.os.stat(path, follow_symlinks=False)
+        if not stat.S_ISREG(named.st_mode):
+            return None
         async with aiofiles.open(path, "rb", opener=_no_follow) as handle:
             info = await _fstat(handle.fileno())
-            if not stat.S_ISREG(info.st_mode):
+            if not stat.S_ISREG(info.st_mode) or info.st_ino != named.st_ino:
                 return None
             return await handle.read(limit + 1)
     except OSError:
         return None
 
 
-async def ensure_dir(directory: Path, mode: int = DIR_MODE) -> None:
+async def ensure_dir(directory: Path, mode: int = DIR_MODE, *, own: bool = False) -> None:
     """Create ``directory`` (and its parents) if missing; raise OSError if it cannot be, or
-    is not a directory."""
+    is not a directory. ``own``: devplug's own dir, which must not be a symlink (whatever it
+    points at would get devplug's records, and lose its lock-like and temp-like files)."""
     try:
         await aiofiles.os.makedirs(directory, mode=mode, exist_ok=True)
     except FileExistsError:
         raise NotADirectoryError(errno.ENOTDIR, "not a directory", str(directory)) from None
+    if own and stat.S_ISLNK((await aiofiles.os.stat(directory, follow_symlinks=False)).st_mode):
+        raise NotADirectoryError(errno.ENOTDIR, "a symlink, not a directory", str(directory))
 
 
 async def remove_temp_files(directory: Path, min_age_s: float = 0.0) -> int:

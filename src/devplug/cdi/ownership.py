@@ -18,6 +18,7 @@ and files of other extensions). It holds
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import errno
 import fcntl
@@ -26,6 +27,7 @@ import json
 import os
 import re
 import uuid
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -89,8 +91,10 @@ class OwnerRecord:
         try:
             document = json.loads(data)
             resource, instance, owner = (document[k] for k in ("resource", "instance", "owner"))
-            contents = tuple((str(h), int(n)) for h, n in document["contents"])
+            contents = tuple((h, n) for h, n in document["contents"])
         except (ValueError, TypeError, KeyError, UnicodeDecodeError, RecursionError):
+            return None
+        if not all(isinstance(h, str) and type(n) is int and 0 <= n < 1 << 40 for h, n in contents):
             return None
         if not all(isinstance(v, str) for v in (resource, instance, owner)):
             return None
@@ -141,7 +145,7 @@ async def write_record(
         except FileNotFoundError:
             if attempt:
                 raise
-            await ensure_dir(directory, STATE_DIR_MODE)  # deleted since: once more
+            await ensure_dir(directory, STATE_DIR_MODE, own=True)  # deleted since: once more
     raise AssertionError("unreachable")
 
 
@@ -172,17 +176,47 @@ async def owner_alive(cdi_dir: Path, owner: str) -> bool:
     path = state_dir(cdi_dir) / (owner + LOCK_SUFFIX)
     try:
         handle = await _open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-    except OSError:
+    except (FileNotFoundError, NotADirectoryError):
         return False
+    except OSError:
+        return True  # cannot tell (EMFILE, EACCES, ...): never take a live daemon's files
     try:
         await _flock(handle, fcntl.LOCK_SH | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return True
     except OSError:
-        return False
+        return True  # EWOULDBLOCK: held; anything else: cannot tell
     finally:
         await _close(handle)  # closing drops the shared lock taken just now
     return False
+
+
+MUTEX_FILE = ".mutex"
+MUTEX_TIMEOUT_S = 5.0
+
+
+@contextlib.asynccontextmanager
+async def exclusive(cdi_dir: Path) -> AsyncIterator[None]:
+    """Hold the state dir's mutex (flock on ``.devplug/.mutex``) for one check-then-act on
+    ownership: deciding a spec is free, dead or stale and then writing or deleting it must
+    not interleave with another daemon doing the same. Held for milliseconds; the kernel drops
+    it if the holder dies. Raises OSError (EAGAIN) after MUTEX_TIMEOUT_S."""
+    directory = state_dir(cdi_dir)
+    await ensure_dir(cdi_dir)
+    await ensure_dir(directory, STATE_DIR_MODE, own=True)
+    handle = await _open(directory / MUTEX_FILE, os.O_RDONLY | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+    try:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + MUTEX_TIMEOUT_S
+        while True:
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if loop.time() > deadline:
+                    raise OSError(errno.EAGAIN, "the CDI state dir is busy") from None
+                await asyncio.sleep(0.005)
+        yield
+    finally:
+        await _close(handle)
 
 
 class OwnerLock:
@@ -211,7 +245,7 @@ class OwnerLock:
             await self._drop()
         directory = state_dir(self.cdi_dir)
         await ensure_dir(self.cdi_dir)
-        await ensure_dir(directory, STATE_DIR_MODE)
+        await ensure_dir(directory, STATE_DIR_MODE, own=True)
         # Locked before it gets its name, so nobody ever sees the file unlocked while we live.
         temp = directory / f"{TEMP_PREFIX}{self.owner}"
         # Read-only: an fd open for writing would keep a read-only remount of the dir from working.

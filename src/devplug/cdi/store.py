@@ -39,6 +39,7 @@ from devplug.cdi.ownership import (
     OwnerLock,
     OwnerRecord,
     content_id,
+    exclusive,
     legacy_owner,
     owner_alive,
     read_record,
@@ -59,7 +60,7 @@ class ForeignSpecError(FileExistsError):
 class SpecHeldError(FileExistsError):
     """Another running devplug daemon owns the spec file; it is left alone until it goes."""
 
-    def __init__(self, path: Path, instance: str, resource: str) -> None:
+    def __init__(self, path: Path, instance: str, resource: str, owner: str = "") -> None:
         super().__init__(
             errno.EEXIST,
             f"{path} is served by another running devplug (instance {instance!r}, resource "
@@ -67,6 +68,7 @@ class SpecHeldError(FileExistsError):
         )
         self.instance = instance
         self.resource = resource
+        self.owner = owner  # the holder's owner token (its lock's name), "" if unknown
 
 
 class Written(NamedTuple):
@@ -101,6 +103,9 @@ class SpecStore:
         # The records this store wrote, with their files' stamps: while the file is unchanged
         # the record need not be read again (a write costs one stat, not a read).
         self._records: dict[str, tuple[OwnerRecord, FileStamp]] = {}
+        # The content id each spec file holds as far as this store knows (its last write
+        # that succeeded): kept in the record until the file holds something else.
+        self._on_disk: dict[str, tuple[str, int]] = {}
 
     async def prepare(self) -> None:
         """Create the dir and hold this daemon's lock (again, if someone deleted it). Once per
@@ -110,9 +115,15 @@ class SpecStore:
             await self.lock.ensure()
 
     def _ours(self, record: OwnerRecord | None) -> bool:
-        return record is not None and (record.owner, record.instance) == (
-            self.owner,
-            self.instance,
+        # "" (cdi generate) names no running daemon: its files are checked by content.
+        return (
+            bool(self.owner)
+            and record is not None
+            and (record.owner, record.instance)
+            == (
+                self.owner,
+                self.instance,
+            )
         )
 
     async def write(self, file_name: str, resource: str, data: bytes) -> Written:
@@ -122,9 +133,16 @@ class SpecStore:
         disk, read-only dir, ...) with the old file left as it was.
         """
         check_spec_file_name(file_name)
+        async with exclusive(self.directory):
+            return await self._write(file_name, resource, data)
+
+    async def _write(self, file_name: str, resource: str, data: bytes) -> Written:
         new_id = content_id(data)
+        junk = False
         for _ in range(2):  # a second round only if another daemon claimed the name meanwhile
             decision = await self._decide(file_name, new_id)
+            if junk and decision.exclusive:
+                decision = _Decision(decision.previous, exclusive=False)
             record = OwnerRecord(
                 resource, self.instance, self.owner, (new_id, *decision.previous)[:2]
             )
@@ -134,13 +152,18 @@ class SpecStore:
                 self.directory, file_name, record, exclusive=decision.exclusive
             )
             if record_stamp is None:
+                # Taken: by another daemon's claim, or by a record nobody can read (empty,
+                # too big, a symlink or a dir); the latter is replaced in the next round.
+                junk = await read_record(self.directory, file_name) is None
                 continue
             self._records[file_name] = (record, record_stamp)
             if decision.keep is not None:
                 self._last[file_name] = decision.keep
+                self._on_disk[file_name] = new_id
                 return Written(decision.keep, changed=False)
             written = await write_atomically(self.directory, file_name, data)
             self._last[file_name] = written
+            self._on_disk[file_name] = new_id
             return Written(written, changed=True)
         raise SpecHeldError(self.directory / file_name, "unknown", resource)
 
@@ -157,9 +180,12 @@ class SpecStore:
         record = await self._record(file_name)
         if self._ours(record):
             assert record is not None
-            return _Decision(record.contents[:1], exclusive=False)
+            # Keep naming what the file holds: a write that failed (full disk) must not
+            # drop it from the record, or the file reads as foreign after a crash.
+            on_disk = self._on_disk.get(file_name)
+            return _Decision((on_disk,) if on_disk else record.contents[:1], exclusive=False)
         if record is not None and await owner_alive(self.directory, record.owner):
-            raise SpecHeldError(path, record.instance, record.resource)
+            raise SpecHeldError(path, record.instance, record.resource, record.owner)
         current = await stamp(path)
         if current is None:
             return _Decision((), exclusive=record is None)
@@ -184,6 +210,22 @@ class SpecStore:
             "give the resource another kind in cdi.kinds",
         )
 
+    async def reclaim(self, file_name: str, resource: str, data: bytes) -> None:
+        """For a spec still as this store wrote it: write its record again if it was lost
+        (the state dir deleted), or the file would read as foreign after a crash."""
+        cached = self._records.get(file_name)
+        if cached is not None and await stamp(record_path(self.directory, file_name)) == cached[1]:
+            return
+        async with exclusive(self.directory):
+            if self._ours(await read_record(self.directory, file_name)):
+                return
+            if await stamp(self.directory / file_name) != self._last.get(file_name):
+                return
+            record = OwnerRecord(resource, self.instance, self.owner, (content_id(data),))
+            record_stamp = await write_record(self.directory, file_name, record, exclusive=True)
+            if record_stamp is not None:
+                self._records[file_name] = (record, record_stamp)
+
     async def owns(self, file_name: str) -> bool:
         """Whether this daemon's record still names ``file_name`` as its own."""
         return self._ours(await read_record(self.directory, file_name))
@@ -195,7 +237,12 @@ class SpecStore:
         since ``expected`` (someone else's content now) loses only its record.
         """
         check_spec_file_name(file_name)
+        async with exclusive(self.directory):
+            return await self._remove(file_name, expected)
+
+    async def _remove(self, file_name: str, expected: FileStamp | None) -> bool:
         last = self._last.pop(file_name, None)
+        self._on_disk.pop(file_name, None)
         record = await self._record(file_name)
         self._records.pop(file_name, None)
         current = await stamp(self.directory / file_name)
@@ -224,6 +271,10 @@ class SpecStore:
         record) and return its resource; records of gone daemons whose spec is missing are
         deleted too (returning None). Anything else is left alone."""
         check_spec_file_name(file_name)
+        async with exclusive(self.directory):
+            return await self._remove_stale(file_name)
+
+    async def _remove_stale(self, file_name: str) -> str | None:
         path = self.directory / file_name
         record = await read_record(self.directory, file_name)
         if record is None:

@@ -35,7 +35,7 @@ from devplug.cdi.carry_out import carry_out
 from devplug.cdi.catalog import CdiCatalog, CdiResource
 from devplug.cdi.files import remove_temp_files
 from devplug.cdi.names import default_kind, spec_file_name
-from devplug.cdi.ownership import STATE_DIR, OwnerLock, state_dir
+from devplug.cdi.ownership import STATE_DIR, OwnerLock, owner_alive, state_dir
 from devplug.cdi.plan import Check, Outcome, Plan, Removal, Write, WrittenSpec
 from devplug.cdi.store import DEFAULT_INSTANCE, SpecHeldError, SpecStore
 from devplug.config import CdiSettings
@@ -51,6 +51,8 @@ TEMP_FILE_MIN_AGE_S = 60.0
 # How long after a change the specs are rebuilt (changes within it are written once).
 SETTLE_S = 0.02
 RETRY_MAX_S = 60.0
+# How often the lock of a daemon holding one of our specs is probed (one open and flock).
+HELD_RECHECK_S = 0.5
 
 
 def _relevant(name: str) -> bool:
@@ -81,6 +83,8 @@ class CdiSync:
         self._kind_problems = ProblemLog()  # resource -> why it has no valid kind
         self._clashes = ProblemLog()  # (resource, file name) -> the resource that has the file
         self._renderers: dict[str, SpecRenderer] = {}
+        # resource -> the owner token of the running daemon that serves its spec
+        self._held: dict[str, str] = {}
         catalog.on_stale = self._stale
         self.writes = 0  # counters for stats and metrics
         self.failures = 0
@@ -121,6 +125,7 @@ class CdiSync:
         async with asyncio.TaskGroup() as group:
             group.create_task(self.watcher.run(), name="cdi-dir-watch")
             group.create_task(self._follow_dir(), name="cdi-dir-follow")
+            group.create_task(self._follow_holders(), name="cdi-holders-follow")
             await self._passes()
 
     async def _follow_dir(self) -> None:
@@ -128,6 +133,17 @@ class CdiSync:
         while True:
             version = await self.watcher.changes.wait_changed(version)
             self._stale()
+
+    async def _follow_holders(self) -> None:
+        """A daemon that serves one of our specs and dies (kill -9, OOM) makes no event in the
+        CDI dir: while any spec is held elsewhere, probe the holders' locks and take over as
+        soon as one is gone. (Watching the lock files would wake on this probe's own close.)"""
+        while True:
+            await asyncio.sleep(HELD_RECHECK_S)
+            for owner in set(self._held.values()):
+                if not await owner_alive(self.directory, owner):
+                    self._stale()
+                    break
 
     async def _passes(self) -> None:
         """Reconcile at start, then follow the tree; retry failures with back-off."""
@@ -238,6 +254,8 @@ class CdiSync:
         for key in self._failing.unsolved():
             if key not in tree and key not in self._written:
                 self._failing.solved(key)  # gone before its spec was ever written
+        for resource in [r for r in self._held if r not in tree]:
+            del self._held[resource]
         for resource in list(self._renderers):
             if resource not in tree:
                 del self._renderers[resource]
@@ -284,6 +302,8 @@ class CdiSync:
         before: Mapping[str, CdiResource | None],
     ) -> None:
         for resource, outcome in outcomes.items():
+            if not isinstance(outcome, SpecHeldError):
+                self._held.pop(resource, None)
             if isinstance(outcome, Exception):
                 self._record_failure(resource, outcome, before)
                 continue
@@ -328,6 +348,7 @@ class CdiSync:
         self.failures += 1
         reason = error_reason(error)
         if isinstance(error, SpecHeldError):
+            self._held[resource] = error.owner
             # Another running daemon serves this spec (a second `devplug run` on the same
             # dirs, say): leave it to that one; the dir watch says when it lets go.
             self._written.pop(resource, None)

@@ -1,0 +1,423 @@
+"""The CDI ownership bookkeeping under attack: an adversarial review's findings, each a test
+that failed before its fix.
+
+- a corrupt record (``1e999``) is unreadable, not an exception that stops every pass;
+- ``cdi generate`` checks its files by content (it names no running daemon);
+- a daemon that cannot probe another's lock (EMFILE) takes it as alive;
+- the file stamp has the ctime: a same-size rewrite in place with the mtime put back is seen;
+- a start-up clean-up never deletes a spec another daemon took over meanwhile (the state
+  dir's mutex serialises every check-then-act);
+- the state dir deleted while running: the records are written again;
+- a failed write (full disk) keeps naming what the file holds, so a restart still knows it;
+- a holder that dies without a trace in the CDI dir (keep_on_exit, kill -9) is taken over
+  at once, not at the next back-off retry;
+- ``truncate(2)`` (IN_MODIFY only) is noticed;
+- an unreadable record with no spec blocks nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import errno
+import os
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import structlog
+
+from devplug.cdi import store as store_module
+from devplug.cdi.files import file_stamp, read_bounded
+from devplug.cdi.ownership import STATE_DIR, OwnerLock, owner_alive, read_record, record_path
+from devplug.cdi.store import ForeignSpecError, SpecHeldError, SpecStore
+from devplug.config import CdiSettings, Settings
+from devplug.model import DeviceInfo, DeviceNode, Health
+from devplug.testing.harness import StaticScanner, daemon_settings, running_daemon
+from devplug.testing.simulator import KubeletSimulator
+
+SERIAL = "example.com/serial"
+NAME = "example.com-serial.json"
+SPEC = (
+    b'{"cdiVersion":"0.3.0","kind":"example.com/serial","devices":[{"name":"a",'
+    b'"containerEdits":{"deviceNodes":[{"path":"/dev/null"}]}}]}\n'
+)
+FOREIGN = SPEC.replace(b'"a"', b'"X"').replace(b"/dev/null", b"/dev/zero")
+
+
+def devices(count: int) -> dict[str, DeviceInfo]:
+    return {
+        f"dev{i}": DeviceInfo(health=Health.HEALTHY, nodes=(DeviceNode(f"/dev/ttyX{i}"),))
+        for i in range(count)
+    }
+
+
+def settings(kubelet_dir: Path, cdi_dir: Path, **cdi: Any) -> Settings:
+    return daemon_settings(kubelet_dir, cdi=CdiSettings(dir=cdi_dir, **cdi))
+
+
+async def eventually(condition: Callable[[], bool], timeout: float = 5.0) -> None:
+    async with asyncio.timeout(timeout):
+        while not condition():  # noqa: ASYNC110 - files on disk, no event to await
+            await asyncio.sleep(0.01)
+
+
+def overwrite_in_place(path: Path, data: bytes) -> None:
+    with open(path, "r+b") as handle:
+        handle.write(data)
+
+
+@pytest.fixture
+def cdi_dir(short_dir: Path) -> Path:
+    return short_dir / "cdi"
+
+
+# ------------------------------------------------------------------------- the store
+
+
+async def test_a_record_with_an_overflowing_number_is_unreadable(tmp_path: Path) -> None:
+    (tmp_path / STATE_DIR).mkdir()
+    record_path(tmp_path, NAME).write_text(
+        '{"resource":"r","instance":"default","owner":"","contents":[["h",1e999]]}'
+    )
+    assert await read_record(tmp_path, NAME) is None
+
+
+async def test_generate_does_not_overwrite_a_file_that_replaced_its_spec(tmp_path: Path) -> None:
+    first = SpecStore(tmp_path, "default")  # as `devplug cdi generate` makes it: no lock
+    await first.prepare()
+    await first.write(NAME, SERIAL, SPEC)
+    (tmp_path / NAME).write_bytes(FOREIGN)  # an operator's file now
+    second = SpecStore(tmp_path, "default")  # the next `devplug cdi generate`
+    await second.prepare()
+    with pytest.raises(ForeignSpecError):
+        await second.write(NAME, SERIAL, SPEC)
+    assert (tmp_path / NAME).read_bytes() == FOREIGN
+
+
+_HOLDER = """
+import asyncio, sys
+from pathlib import Path
+from devplug.cdi.ownership import OwnerLock
+from devplug.cdi.store import SpecStore
+async def main():
+    d = Path(sys.argv[1])
+    s = SpecStore(d, "default", OwnerLock(d))
+    await s.prepare()
+    await s.write("example.com-serial.json", "example.com/serial", sys.argv[2].encode())
+    print(s.owner, flush=True)
+    await asyncio.sleep(60)
+asyncio.run(main())
+"""
+
+
+@pytest.fixture
+def live_holder(tmp_path: Path) -> Iterator[str]:
+    """Another process that serves ``NAME`` in ``tmp_path`` and keeps running: its owner token."""
+    with subprocess.Popen(
+        [sys.executable, "-c", _HOLDER, str(tmp_path), SPEC.decode()],
+        stdout=subprocess.PIPE,
+        text=True,
+    ) as holder:
+        try:
+            assert holder.stdout is not None
+            yield holder.stdout.readline().strip()
+        finally:
+            holder.kill()
+
+
+def exhaust_fds() -> list[int]:
+    """Take every fd this process may still open (open() fails with EMFILE after this)."""
+    fds = []
+    with contextlib.suppress(OSError):
+        while True:
+            fds.append(os.open("/dev/null", os.O_RDONLY))
+    return fds
+
+
+async def test_a_live_owner_is_alive_even_when_its_lock_cannot_be_opened(
+    tmp_path: Path, live_holder: str
+) -> None:
+    assert await owner_alive(tmp_path, live_holder)
+    fds = exhaust_fds()
+    try:
+        alive = await owner_alive(tmp_path, live_holder)
+    finally:
+        for fd in fds:
+            os.close(fd)
+    assert alive, "a probe that cannot open the lock must not declare its daemon dead"
+
+
+async def test_a_same_size_rewrite_in_place_with_the_mtime_put_back_changes_the_stamp(
+    tmp_path: Path,
+) -> None:
+    store = SpecStore(tmp_path, "default", OwnerLock(tmp_path))
+    await store.prepare()
+    written = await store.write(NAME, SERIAL, SPEC)
+    path = tmp_path / NAME
+    info = os.lstat(path)
+    # cp -p, rsync -t --inplace, tar: same inode and size
+    await asyncio.to_thread(overwrite_in_place, path, FOREIGN)
+    os.utime(path, ns=(info.st_atime_ns, info.st_mtime_ns))
+    assert file_stamp(path) != written.stamp
+    await store.close()
+
+
+async def test_a_clean_up_never_deletes_a_spec_another_daemon_took_over_meanwhile(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A daemon that wrote the spec and died (kill -9: its lock is free).
+    dead = SpecStore(tmp_path, "generic", OwnerLock(tmp_path))
+    await dead.prepare()
+    await dead.write(NAME, SERIAL, SPEC)
+    assert dead.lock is not None
+    await dead.lock._drop()
+    # cleaner starts without the resource (its start-up clean-up removes stale specs); taker
+    # starts with it and takes the spec over, between the cleaner's last check and its unlink.
+    cleaner = SpecStore(tmp_path, "generic", OwnerLock(tmp_path))
+    taker = SpecStore(tmp_path, "generic", OwnerLock(tmp_path))
+    await cleaner.prepare()
+    await taker.prepare()
+    original = store_module._matching_content
+    threads: list[threading.Thread] = []
+
+    async def interleaved(*args: Any) -> Any:
+        found = await original(*args)
+        if not threads:
+            write = taker.write(NAME, SERIAL, SPEC)
+            threads.append(threading.Thread(target=asyncio.run, args=(write,)))
+            threads[0].start()
+            await asyncio.to_thread(threads[0].join, 0.5)  # done, or waiting for the mutex
+        return found
+
+    monkeypatch.setattr(store_module, "_matching_content", interleaved)
+    await cleaner.remove_stale(NAME)
+    monkeypatch.setattr(store_module, "_matching_content", original)
+    await asyncio.to_thread(threads[0].join)
+    record = await read_record(tmp_path, NAME)
+    assert (tmp_path / NAME).exists()
+    assert record is not None and record.owner == taker.owner
+
+
+# ------------------------------------------------------------------------- the daemon
+
+
+async def test_a_deleted_state_dir_gets_its_records_back_and_a_restart_serves_its_spec(
+    kubelet: KubeletSimulator, kubelet_dir: Path, cdi_dir: Path
+) -> None:
+    config = settings(kubelet_dir, cdi_dir, keep_on_exit=True)
+    async with running_daemon(config, [StaticScanner({SERIAL: devices(2)})]) as daemon:
+        await kubelet.wait_for_plugin(SERIAL)
+        await daemon.stats.wait_for(lambda s: SERIAL in s.cdi_specs, timeout=5)
+        shutil.rmtree(cdi_dir / STATE_DIR)  # a mistaken clean-up of hidden dirs
+        await eventually(lambda: record_path(cdi_dir, NAME).exists())
+    async with running_daemon(config, [StaticScanner({SERIAL: devices(2)})]) as daemon:
+        await daemon.stats.wait_for(lambda s: SERIAL in s.cdi_specs, timeout=5)
+        assert SERIAL in daemon.cdi_catalog.resources()
+
+
+async def test_a_holder_gone_without_a_trace_is_taken_over_at_once(
+    kubelet: KubeletSimulator, kubelet_dir: Path, cdi_dir: Path
+) -> None:
+    # keep_on_exit: the holder's stop leaves the spec and its record, and only frees a lock
+    # inside .devplug; nothing happens in the CDI dir (as after kill -9).
+    config = settings(kubelet_dir, cdi_dir, keep_on_exit=True)
+    async with contextlib.AsyncExitStack() as second_stack:
+        async with contextlib.AsyncExitStack() as first_stack:
+            first = await first_stack.enter_async_context(
+                running_daemon(config, [StaticScanner({SERIAL: devices(2)})])
+            )
+            await kubelet.wait_for_plugin(SERIAL)
+            await first.stats.wait_for(lambda s: SERIAL in s.cdi_specs, timeout=5)
+            second = await second_stack.enter_async_context(
+                running_daemon(config, [StaticScanner({SERIAL: devices(3)})])
+            )
+            # Several failures: its back-off has grown past a few seconds.
+            await second.stats.wait_for(lambda s: s.cdi_failures >= 3, timeout=15)
+        stopped = time.monotonic()  # the first daemon has stopped
+        await second.stats.wait_for(lambda s: SERIAL in s.cdi_specs, timeout=30)
+        # Generous for a loaded machine; the back-off it replaces waits 4 s and more here.
+        assert time.monotonic() - stopped < 3.0
+
+
+async def test_a_truncated_spec_is_noticed_and_written_again(
+    kubelet: KubeletSimulator, kubelet_dir: Path, cdi_dir: Path
+) -> None:
+    async with running_daemon(
+        settings(kubelet_dir, cdi_dir), [StaticScanner({SERIAL: devices(2)})]
+    ) as daemon:
+        await kubelet.wait_for_plugin(SERIAL)
+        await daemon.stats.wait_for(lambda s: SERIAL in s.cdi_specs, timeout=5)
+        writes = daemon.stats.value.cdi_writes
+        os.truncate(cdi_dir / NAME, 0)  # IN_MODIFY only: no open, no close
+        await daemon.stats.wait_for(lambda s: s.cdi_writes > writes, timeout=5)
+        assert (cdi_dir / NAME).stat().st_size > 0
+
+
+async def test_an_in_place_rewrite_with_the_mtime_put_back_is_noticed(
+    kubelet: KubeletSimulator, kubelet_dir: Path, cdi_dir: Path
+) -> None:
+    with structlog.testing.capture_logs() as logs:
+        async with running_daemon(
+            settings(kubelet_dir, cdi_dir), [StaticScanner({SERIAL: devices(2)})]
+        ) as daemon:
+            await kubelet.wait_for_plugin(SERIAL)
+            await daemon.stats.wait_for(lambda s: SERIAL in s.cdi_specs, timeout=5)
+            path = cdi_dir / NAME
+            original = path.read_bytes()
+            info = os.lstat(path)
+            forged = original.replace(b'"name":"dev1"', b'"name":"devX"')
+            assert len(forged) == len(original) and forged != original
+            await asyncio.to_thread(overwrite_in_place, path, forged)
+            os.utime(path, ns=(info.st_atime_ns, info.st_mtime_ns))
+            await eventually(lambda: path.read_bytes() == original)
+    assert any(entry["event"] == "cdi.spec.rewritten" for entry in logs)
+
+
+async def test_a_corrupt_record_of_another_file_does_not_stop_the_specs(
+    kubelet: KubeletSimulator, kubelet_dir: Path, cdi_dir: Path
+) -> None:
+    (cdi_dir / STATE_DIR).mkdir(parents=True)
+    record_path(cdi_dir, "vendor.example-other.json").write_text(
+        '{"resource":"r","instance":"static","owner":"","contents":[["h",1e999]]}'
+    )
+    with structlog.testing.capture_logs() as logs:
+        async with running_daemon(
+            settings(kubelet_dir, cdi_dir), [StaticScanner({SERIAL: devices(2)})]
+        ) as daemon:
+            await kubelet.wait_for_plugin(SERIAL)
+            await daemon.stats.wait_for(lambda s: SERIAL in s.cdi_specs, timeout=5)
+            assert (cdi_dir / NAME).exists()
+    assert not [entry for entry in logs if entry["event"] == "cdi.sync.failed"]
+
+
+@pytest.mark.parametrize("kind", ["empty", "symlink", "huge"])
+async def test_an_unreadable_record_without_its_spec_blocks_nothing(
+    kind: str, kubelet: KubeletSimulator, kubelet_dir: Path, cdi_dir: Path
+) -> None:
+    (cdi_dir / STATE_DIR).mkdir(parents=True)
+    record = record_path(cdi_dir, NAME)
+    if kind == "empty":
+        record.write_bytes(b"")
+    elif kind == "symlink":
+        os.symlink("/nonexistent", record)
+    else:
+        record.write_bytes(b" " * (1 << 20) + b"{}")
+    async with running_daemon(
+        settings(kubelet_dir, cdi_dir), [StaticScanner({SERIAL: devices(2)})]
+    ) as daemon:
+        await kubelet.wait_for_plugin(SERIAL)
+        await daemon.stats.wait_for(lambda s: SERIAL in s.cdi_specs, timeout=5)
+
+
+# ------------------------------------------------------------------------- a full disk
+
+
+@pytest.fixture
+def small_tmpfs(short_dir: Path) -> Iterator[Path]:
+    """A 64 KiB tmpfs as the CDI dir (root only: skipped elsewhere)."""
+    mount_point = short_dir / "cdi"
+    mount_point.mkdir()
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(mount_point)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if mounted.returncode:
+        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.strip()}")
+    try:
+        yield mount_point
+    finally:
+        subprocess.run(["umount", "-l", str(mount_point)], check=False)
+
+
+def fill(directory: Path, leave: int) -> Path:
+    """Fill ``directory``'s file system but for ``leave`` bytes."""
+    filler = directory / ".filler"
+    handle = os.open(filler, os.O_WRONLY | os.O_CREAT)
+    try:
+        while True:
+            os.write(handle, b"\0" * 4096)
+    except OSError:
+        pass
+    finally:
+        os.close(handle)
+    os.truncate(filler, max(0, filler.stat().st_size - leave))
+    return filler
+
+
+async def test_failed_writes_on_a_full_disk_keep_the_file_ours_after_a_crash(
+    small_tmpfs: Path,
+) -> None:
+    first = SpecStore(small_tmpfs, "generic", OwnerLock(small_tmpfs))
+    await first.prepare()
+    await first.write(NAME, SERIAL, SPEC)
+    filler = fill(small_tmpfs, 8192)  # room for a record, not for the new spec
+    bigger = SPEC.replace(b'"a"', b'"' + b"a" * 30_000 + b'"')
+    for _ in range(2):  # the first try and one retry of the same content
+        with pytest.raises(OSError, match="No space left") as failed:
+            await first.write(NAME, SERIAL, bigger)
+        assert failed.value.errno == errno.ENOSPC
+    assert first.lock is not None
+    await first.lock._drop()  # kill -9
+    filler.unlink()
+    second = SpecStore(small_tmpfs, "generic", OwnerLock(small_tmpfs))
+    await second.prepare()
+    try:
+        await second.write(NAME, SERIAL, SPEC.replace(b'"a"', b'"b"'))
+    finally:
+        await second.close()
+
+
+async def test_a_held_spec_refused_while_the_holder_lives(tmp_path: Path, live_holder: str) -> None:
+    """The fixes above loosen nothing: a live holder's spec stays its own."""
+    store = SpecStore(tmp_path, "default", OwnerLock(tmp_path))
+    await store.prepare()
+    with pytest.raises(SpecHeldError):
+        await store.write(NAME, SERIAL, FOREIGN)
+    await store.close()
+    assert (tmp_path / NAME).read_bytes() == SPEC
+
+
+async def test_a_state_dir_that_is_a_symlink_is_refused_and_its_target_untouched(
+    tmp_path: Path,
+) -> None:
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    lock_like = elsewhere / ("0" * 32 + ".lock")  # what a clean-up of dead locks would delete
+    lock_like.write_bytes(b"")
+    cdi = tmp_path / "cdi"
+    cdi.mkdir()
+    (cdi / STATE_DIR).symlink_to(elsewhere)
+    store = SpecStore(cdi, "default", OwnerLock(cdi))
+    with pytest.raises(NotADirectoryError, match="symlink"):
+        await store.prepare()
+    with pytest.raises(NotADirectoryError, match="symlink"):
+        await store.write(NAME, SERIAL, SPEC)
+    assert sorted(os.listdir(elsewhere)) == [lock_like.name]
+    assert not (cdi / NAME).exists()
+
+
+async def test_a_device_node_named_like_a_spec_is_never_opened(tmp_path: Path) -> None:
+    # A FIFO stands in for a device: opening it for reading would block without O_NONBLOCK,
+    # and a process reading it shows it was opened; lstat alone must refuse it.
+    fifo = tmp_path / NAME
+    os.mkfifo(fifo)
+    opened: list[str] = []
+    real_open = os.open
+
+    def watching(path: Any, flags: int, *args: Any, **kwargs: Any) -> int:
+        opened.append(str(path))
+        return real_open(path, flags, *args, **kwargs)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(os, "open", watching)
+        assert await read_bounded(fifo, 4096) is None
+    assert str(fifo) not in opened
