@@ -20,9 +20,9 @@ Stages, in the order an event meets them:
     apply       ResourceServers.apply             ... diff + pushing the new map
     diff        kubelet.servers.diff              ... the pure tree diff
     metrics     Metrics.set_devices               ... the devices gauge
-    message     DevicePluginServicer._list_message  the stream's message (build + ByteSize)
-    build       ListMessageBuilder.build          ... the message build
-    serialize   the ListAndWatch response serializer (grpc calls it before the write)
+    message     DevicePluginServicer._list_message  the stream's message (build + its size)
+    build       ListMessageBuilder.build          ... the message build (encoded entries)
+    serialize   the ListAndWatch response serializer (bytes pass through; grpc calls it)
     cdi.pass    carry_out                         a CDI pass's render and file I/O (after)
     cdi.render  SpecRenderer.render               ... its render, in a worker thread
 
@@ -31,10 +31,7 @@ devplug.hotplug.loop, through a stand-in for its ``asyncio``) ends once no datag
 for that long, or at its usual length, whichever comes first: a measure of the "window ends
 when the burst does" proposal, without editing the module.
 
-With ``DEVPLUG_BENCH_ENCODED=1``, the ListAndWatch message is built the proposed way: each
-device's encoded entry kept per resource, edited from the tree's edit (``edit_since``) and
-joined into the message's bytes, which a pass-through serializer sends as they are. With
-``DEVPLUG_BENCH_PROPOSALS=1``, bench.proposals' health gate and rescan index stand in.
+With ``DEVPLUG_BENCH_PROPOSALS=1``, bench.proposals' health gate and rescan index stand in.
 """
 
 from __future__ import annotations
@@ -111,53 +108,6 @@ class _QuietAsyncio:
             await self._asyncio.sleep(min(quiet_left, deadline - now))
 
 
-def _varint(value: int) -> bytes:
-    out = bytearray()
-    while True:
-        low, value = value & 0x7F, value >> 7
-        if not value:
-            out.append(low)
-            return bytes(out)
-        out.append(low | 0x80)
-
-
-def _entry(device_id: str, info: Any) -> bytes:
-    """Field 1 (devices) of a ListAndWatchResponse holding this device: tag, length, bytes."""
-    from devplug.kubelet.wire import device_message
-
-    data = device_message(device_id, info).SerializeToString()
-    return b"\x0a" + _varint(len(data)) + data
-
-
-LAST_TREE: list[Any] = [None]
-
-
-def _encoded_list(self: Any, devices: Any) -> bytes:
-    """DevicePluginServicer._list_message, the proposed way (bench-only)."""
-    state = getattr(self, "_bench_encoded", None)  # (map, id -> entry, message bytes)
-    if state is not None and state[0] is devices:
-        return state[2]  # type: ignore[no-any-return]
-    tree = LAST_TREE[0]
-    edit = None
-    if state is not None and tree is not None and tree.get(self.resource) is devices:
-        edit = tree.edit_since(self.resource, state[0])
-    if edit is None or state is None:
-        entries = {i: _entry(i, info) for i, info in devices.items()}
-    else:
-        entries = state[1]
-        for device_id in edit.removed:
-            entries.pop(device_id, None)
-        for device_id in edit.added:
-            entries[device_id] = _entry(device_id, devices[device_id])
-    data = b"".join(entries.values())
-    if state is not None and data == state[2]:
-        data = state[2]  # the same object: the stream skips what the kubelet has
-    else:
-        self.events.list_built(self.resource, len(data))
-    self._bench_encoded = (devices, entries, data)
-    return data
-
-
 def install() -> None:
     import grpc
 
@@ -196,16 +146,6 @@ def install() -> None:
     _wrap(servers.ResourceServers, "apply", "apply")
     servers.diff = _timed("diff", servers.diff)  # type: ignore[attr-defined]
     _wrap(metrics.Metrics, "set_devices", "metrics")
-    encoded = os.environ.get("DEVPLUG_BENCH_ENCODED") == "1"
-    if encoded:
-        servicer.DevicePluginServicer._list_message = _encoded_list  # type: ignore[assignment]
-        plain_apply = servers.ResourceServers.apply
-
-        async def apply(self: Any, tree: Any, hooks: Any) -> None:
-            LAST_TREE[0] = tree
-            await plain_apply(self, tree, hooks)
-
-        servers.ResourceServers.apply = apply  # type: ignore[method-assign]
     _wrap(servicer.DevicePluginServicer, "_list_message", "message")
     _wrap(wire.ListMessageBuilder, "build", "build")
     _wrap(build.SpecRenderer, "render", "cdi.render")
@@ -217,15 +157,6 @@ def install() -> None:
         behavior: Any, request_deserializer: Any = None, response_serializer: Any = None
     ) -> Any:
         if response_serializer is not None:
-            if encoded:
-                plain_serializer = response_serializer
-
-                def passing_bytes(message: Any) -> bytes:
-                    if isinstance(message, bytes):
-                        return message
-                    return plain_serializer(message)  # type: ignore[no-any-return]
-
-                response_serializer = passing_bytes
             response_serializer = _timed("serialize", response_serializer)
         return plain(behavior, request_deserializer, response_serializer)
 

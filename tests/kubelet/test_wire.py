@@ -1,19 +1,25 @@
-"""ListMessageBuilder: reused device messages, and the same message when the kubelet's view
-did not change."""
+"""ListMessageBuilder: encoded ListAndWatch messages, byte for byte protobuf's, reusing each
+device's entry, and the same message when the kubelet's view did not change."""
 
 from __future__ import annotations
 
 import dataclasses
+import random
 
-from devplug.kubelet.wire import ListMessageBuilder, list_message
-from devplug.model import DeviceInfo, Health
+from devplug._proto import deviceplugin_v1beta1_pb2 as pb
+from devplug.kubelet.wire import ListMessageBuilder, device_entry, device_message, list_message
+from devplug.model import DeviceInfo, DeviceTree, Health
+
+
+def _encoded(devices: dict[str, DeviceInfo]) -> bytes:
+    return list_message(devices).SerializeToString()
 
 
 def test_messages_equal_fresh_ones_and_follow_what_the_kubelet_sees() -> None:
     builder = ListMessageBuilder()
     devices = {f"d{i}": DeviceInfo(numa_nodes=(i % 2,)) for i in range(5)}
     first = builder.build(devices)
-    assert first == list_message(devices)
+    assert first == _encoded(devices)
 
     # Only a reason changed: nothing the kubelet sees, so the very same message.
     quiet = dict(devices, d1=dataclasses.replace(devices["d1"], health_reason="just a note"))
@@ -27,12 +33,79 @@ def test_messages_equal_fresh_ones_and_follow_what_the_kubelet_sees() -> None:
     ):
         message = builder.build(changed)
         assert message is not first
-        assert message == list_message(changed)
+        assert message == _encoded(changed)
         first = message
 
 
 def test_order_follows_the_devices_mapping() -> None:
     builder = ListMessageBuilder()
     builder.build({"a": DeviceInfo(), "b": DeviceInfo()})
-    message = builder.build({"b": DeviceInfo(), "a": DeviceInfo()})
+    message = pb.ListAndWatchResponse.FromString(
+        builder.build({"b": DeviceInfo(), "a": DeviceInfo()})
+    )
     assert [device.ID for device in message.devices] == ["b", "a"]
+
+
+def test_an_entry_is_protobufs_encoding_of_the_device() -> None:
+    for device_id in ("0", "x" * 63, "card-ü"):
+        for numa in ((), (0,), (1,), (0, 3), (127, 128, 300), (2**40,)):
+            for health in Health:
+                info = DeviceInfo(health=health, numa_nodes=numa)
+                alone = pb.ListAndWatchResponse(devices=[device_message(device_id, info)])
+                assert device_entry(device_id, info) == alone.SerializeToString()
+
+
+def _random_info(rng: random.Random) -> DeviceInfo:
+    return DeviceInfo(
+        health=rng.choice([Health.HEALTHY, Health.HEALTHY, Health.UNHEALTHY]),
+        numa_nodes=rng.choice([(), (0,), (1,), (0, 1), (200,)]),
+        health_reason=rng.choice(["", "a note"]),
+    )
+
+
+def test_edited_messages_equal_protobufs_through_random_walks() -> None:
+    """Random walks of tree edits (re-reads, equal or not, removals, additions, several
+    edits between builds, maps whose edit is unknown): every message the builder makes is
+    byte for byte protobuf's SerializeToString of the same ListAndWatchResponse, and it is
+    the very same object exactly when the kubelet's view did not change."""
+    resource = "example.com/r"
+    for seed in range(20):
+        rng = random.Random(seed)
+        builder = ListMessageBuilder()
+        first = {str(i): _random_info(rng) for i in range(rng.randrange(1, 30))}
+        tree = DeviceTree({resource: first})
+        built = tree[resource]
+        message = builder.build(built)
+        assert message == _encoded(dict(built))
+        for _ in range(150):
+            devices = tree[resource]
+            removed = [(resource, i) for i in devices if rng.random() < 0.1]
+            added: dict[str, dict[str, DeviceInfo]] = {resource: {}}
+            for _, i in removed:
+                if rng.random() < 0.6:  # re-read
+                    info = devices[i] if rng.random() < 0.3 else _random_info(rng)
+                    added[resource][i] = info
+            for _ in range(rng.choice([0, 0, 1, 3])):
+                i = str(rng.randrange(60))
+                if i not in devices or (resource, i) in removed:
+                    added[resource].setdefault(i, _random_info(rng))
+            new = tree.with_changes(removed, added)
+            if resource not in new:
+                new = DeviceTree({resource: {"0": DeviceInfo()}})
+            edit = new.edit_since(resource, devices)
+            chance = rng.random()
+            if edit is not None and chance < 0.8:
+                builder.edited(new[resource], edit)
+            elif chance < 0.9:
+                new = DeviceTree(new)  # a tree that knows no edit: a full pass
+            tree = new
+            if rng.random() < 0.4:
+                continue  # the stream reads later: several edits to follow
+            devices = tree[resource]
+            again = builder.build(devices)
+            assert again == _encoded(dict(devices))
+            view = [(i, d.health, d.numa_nodes) for i, d in devices.items()]
+            before = [(i, d.health, d.numa_nodes) for i, d in built.items()]
+            assert (again is message) == (view == before)
+            assert builder.build(devices) is again
+            message, built = again, devices

@@ -32,7 +32,6 @@ import structlog
 from devplug._kits.backoff import Backoff
 from devplug._kits.problems import ProblemLog
 from devplug._kits.values import LatestValue
-from devplug._proto import deviceplugin_v1beta1_pb2_grpc as pb_grpc
 from devplug.errors import ConfigError
 from devplug.kubelet.registration import (
     KUBELET_SOCKET,
@@ -42,8 +41,8 @@ from devplug.kubelet.registration import (
     register,
 )
 from devplug.kubelet.seams import AnswerExtension, NoServingEvents, ServingEvents
-from devplug.kubelet.servicer import DevicePluginServicer
-from devplug.model import DeviceInfo
+from devplug.kubelet.servicer import DevicePluginServicer, add_to_server
+from devplug.model import DeviceInfo, MapEdit
 from devplug.naming import MAX_UNIX_SOCKET_PATH, short_socket_file_name, socket_file_name
 
 log = structlog.get_logger("devplug.server")
@@ -157,8 +156,11 @@ class ResourceServer:
             self._set_unregistered()
             self.watcher.poke()
 
-    def update(self, devices: Mapping[str, DeviceInfo]) -> None:
-        """Publish a new device list to every ListAndWatch stream."""
+    def update(self, devices: Mapping[str, DeviceInfo], edit: MapEdit | None = None) -> None:
+        """Publish a new device list to every ListAndWatch stream; ``edit``: how it was made
+        from the list published before (``DeviceTree.edit_since``), if known."""
+        if edit is not None:
+            self.servicer.edited(devices, edit)
         self.devices.set(devices)
 
     async def run(self) -> None:
@@ -253,7 +255,7 @@ class ResourceServer:
         await self._stop_grpc()
         temporary = self.kubelet_dir / f"{TEMP_SOCKET_PREFIX}{secrets.token_hex(6)}.sock"
         server = grpc.aio.server()
-        pb_grpc.add_DevicePluginServicer_to_server(self.servicer, server)
+        add_to_server(self.servicer, server)
         try:
             try:
                 server.add_insecure_port(f"unix://{temporary}")

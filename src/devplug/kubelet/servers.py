@@ -104,7 +104,16 @@ class ResourceServers:
             if name in tree and hooks.get(name) is not running.server.hooks:
                 running.server.rebind(hooks.get(name))  # a reload replaced its scanner
         change = diff(self.tree, tree)
-        self.tree = tree
+        before, self.tree = self.tree, tree
+        for name, devices in tree.items():
+            old = before.get(name)
+            served = self._running.get(name)
+            if old is None or old is devices or name in change.changed or served is None:
+                continue
+            edit = tree.edit_since(name, old)
+            if edit is not None:
+                # An equal list is not sent, but the next list may be an edit of this one.
+                served.server.servicer.edited(devices, edit)
         if not change:
             return
         log.info(
@@ -114,7 +123,9 @@ class ResourceServers:
             changed=sorted(change.changed),
         )
         for name in change.changed:
-            self._running[name].server.update(tree[name])
+            # The edit from the list published before, when the tree knows it: the message
+            # then re-encodes only the edited devices.
+            self._running[name].server.update(tree[name], tree.edit_since(name, before[name]))
         for name in sorted(change.added):
             server = ResourceServer(
                 name,

@@ -29,7 +29,6 @@ import structlog
 from devplug._kits.problems import ProblemLog
 from devplug._kits.values import LatestValue
 from devplug._proto import deviceplugin_v1beta1_pb2 as pb
-from devplug._proto import deviceplugin_v1beta1_pb2_grpc as pb_grpc
 from devplug.errors import AllocationError
 from devplug.kubelet.allocation import (
     check_request,
@@ -39,12 +38,15 @@ from devplug.kubelet.allocation import (
 )
 from devplug.kubelet.seams import AnswerExtension, NoServingEvents, ServingEvents
 from devplug.kubelet.wire import ListMessageBuilder, container_response
-from devplug.model import ContainerAllocation, DeviceMap
+from devplug.model import ContainerAllocation, DeviceMap, MapEdit
 from devplug.scanners.base import Allocator, ContainerPreStarter, PostAllocator, PreferredAllocator
 
 log = structlog.get_logger("devplug.servicer")
 
 T = TypeVar("T")
+
+# The service's full name in proto/ (package v1beta1).
+SERVICE = "v1beta1.DevicePlugin"
 
 _STATUS = {"not_found": grpc.StatusCode.NOT_FOUND, "invalid": grpc.StatusCode.INVALID_ARGUMENT}
 
@@ -88,7 +90,10 @@ def plugin_options(hooks: object | None) -> pb.DevicePluginOptions:
     )
 
 
-class DevicePluginServicer(pb_grpc.DevicePluginServicer):
+class DevicePluginServicer:
+    """The DevicePlugin service (served by :func:`add_to_server`, not by the generated
+    ``add_DevicePluginServicer_to_server``: ListAndWatch yields encoded messages)."""
+
     def __init__(
         self,
         resource: str,
@@ -109,8 +114,9 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
         self.refused_streams = 0
         self._stream_cap = ProblemLog()
         self._off_loop = asyncio.Semaphore(1)
-        # The ListAndWatch message of the current snapshot, shared by every open stream.
-        self._listed: tuple[DeviceMap, pb.ListAndWatchResponse] | None = None
+        # The ListAndWatch message of the current snapshot, encoded (see ListMessageBuilder),
+        # shared by every open stream.
+        self._listed: tuple[DeviceMap, bytes] | None = None
         self._list_builder = ListMessageBuilder()
         self.active_streams = 0
         self.idle = asyncio.Event()  # set while no ListAndWatch stream is open
@@ -136,11 +142,17 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
     ) -> pb.DevicePluginOptions:
         return self.options
 
+    def edited(self, devices: DeviceMap, edit: MapEdit) -> None:
+        """``devices`` (about to be published) was made from ``edit.base`` by ``edit``: its
+        message re-encodes only the devices the edit names."""
+        self._list_builder.edited(devices, edit)
+
     async def ListAndWatch(
         self,
         request: pb.Empty,
-        context: grpc.aio.ServicerContext[pb.Empty, pb.ListAndWatchResponse],
-    ) -> AsyncIterator[pb.ListAndWatchResponse]:
+        context: grpc.aio.ServicerContext[pb.Empty, bytes],
+    ) -> AsyncIterator[bytes]:
+        """Each list as an encoded ListAndWatchResponse (sent as it is: see add_to_server)."""
         if self.active_streams >= MAX_STREAMS:
             self.refused_streams += 1
             # Once while the cap holds (then at debug): a flood of streams must not flood logs.
@@ -159,7 +171,7 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
         self.idle.clear()
         self._log.info("listandwatch.opened", streams=self.active_streams)
         try:
-            sent: pb.ListAndWatchResponse | None = None
+            sent: bytes | None = None
             async for devices in self.devices.as_changed():
                 message = self._list_message(devices)
                 if message is sent:
@@ -177,11 +189,11 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
                 self.idle.set()
             self._log.info("listandwatch.closed", streams=self.active_streams)
 
-    def _list_message(self, devices: DeviceMap) -> pb.ListAndWatchResponse:
+    def _list_message(self, devices: DeviceMap) -> bytes:
         if self._listed is None or self._listed[0] is not devices:
             message = self._list_builder.build(devices)
             if self._listed is None or message is not self._listed[1]:
-                self.events.list_built(self.resource, message.ByteSize())
+                self.events.list_built(self.resource, len(message))
             self._listed = (devices, message)
         return self._listed[1]
 
@@ -356,6 +368,46 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
     def _count(self, rpc: str, result: str) -> None:
         if rpc == "allocate":
             self.events.allocated(self.resource, result)
+
+
+def _as_they_are(message: bytes) -> bytes:
+    """ListAndWatch's response serializer: the servicer yields encoded messages."""
+    return message
+
+
+def add_to_server(servicer: DevicePluginServicer, server: grpc.aio.Server) -> None:
+    """Serve ``servicer`` on ``server``: the generated registration, except that
+    ListAndWatch's messages are bytes already (protobuf's encoding of a
+    ListAndWatchResponse, which clients decode as usual)."""
+    handlers = {
+        "GetDevicePluginOptions": grpc.unary_unary_rpc_method_handler(
+            servicer.GetDevicePluginOptions,
+            request_deserializer=pb.Empty.FromString,
+            response_serializer=pb.DevicePluginOptions.SerializeToString,
+        ),
+        "ListAndWatch": grpc.unary_stream_rpc_method_handler(
+            servicer.ListAndWatch,
+            request_deserializer=pb.Empty.FromString,
+            response_serializer=_as_they_are,
+        ),
+        "GetPreferredAllocation": grpc.unary_unary_rpc_method_handler(
+            servicer.GetPreferredAllocation,
+            request_deserializer=pb.PreferredAllocationRequest.FromString,
+            response_serializer=pb.PreferredAllocationResponse.SerializeToString,
+        ),
+        "Allocate": grpc.unary_unary_rpc_method_handler(
+            servicer.Allocate,
+            request_deserializer=pb.AllocateRequest.FromString,
+            response_serializer=pb.AllocateResponse.SerializeToString,
+        ),
+        "PreStartContainer": grpc.unary_unary_rpc_method_handler(
+            servicer.PreStartContainer,
+            request_deserializer=pb.PreStartContainerRequest.FromString,
+            response_serializer=pb.PreStartContainerResponse.SerializeToString,
+        ),
+    }
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, handlers),))
+    server.add_registered_method_handlers(SERVICE, handlers)  # type: ignore[attr-defined]
 
 
 def advertised_only(ids: Sequence[str], devices: DeviceMap) -> list[str]:

@@ -1,15 +1,19 @@
 """Conversions between devplug's model and the v1beta1 protobuf messages.
 
 Protobuf types do not leave ``devplug.daemon`` (and the kubelet simulator in
-``devplug.testing``); everything else speaks the model.
+``devplug.testing``); everything else speaks the model. ListAndWatch messages are the
+exception to building protobuf objects: they are encoded here, device entry by device entry
+(:func:`device_entry`), so that a hotplug event re-encodes only the devices it changed.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import itertools
+from collections.abc import Mapping, Reversible
+from typing import cast
 
 from devplug._proto import deviceplugin_v1beta1_pb2 as pb
-from devplug.model import ContainerAllocation, DeviceInfo, DeviceNode, Mount
+from devplug.model import ContainerAllocation, DeviceInfo, DeviceNode, MapEdit, Mount
 
 
 def device_message(device_id: str, info: DeviceInfo) -> pb.Device:
@@ -25,31 +29,147 @@ def list_message(devices: Mapping[str, DeviceInfo]) -> pb.ListAndWatchResponse:
     )
 
 
-class ListMessageBuilder:
-    """Builds ListAndWatch messages, reusing each unchanged device's message from the last one.
+def _varint(value: int) -> bytes:
+    """A protobuf varint of a value >= 0 (devplug's NUMA nodes and lengths are)."""
+    out = bytearray()
+    while value >= 0x80:
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
 
-    After a hotplug event most devices are unchanged; copying their finished messages is about
-    six times faster than building them again (0.5 ms against 3 ms for 1,000 devices).
+
+def _field(tag: int, payload: bytes) -> bytes:
+    """A length-delimited field whose tag fits one byte (field numbers below 16)."""
+    return bytes((tag,)) + _varint(len(payload)) + payload
+
+
+# The wire format, field by field (numbers from proto/): ListAndWatchResponse.devices = 1;
+# Device.ID = 1, health = 2, topology = 3; TopologyInfo.nodes = 1; NUMANode.ID = 1 (int64,
+# left out when 0, as proto3 does). Tags: (number << 3) | 2 for length-delimited, | 0 varint.
+_LIST_DEVICES = 0x0A
+_DEVICE_ID, _DEVICE_HEALTH, _DEVICE_TOPOLOGY = 0x0A, 0x12, 0x1A
+_TOPOLOGY_NODES = 0x0A
+_NUMA_ID = 0x08
+_numa_nodes: dict[int, bytes] = {}
+
+
+def _numa_node(node: int) -> bytes:
+    encoded = _numa_nodes.get(node)
+    if encoded is None:
+        body = b"" if node == 0 else bytes((_NUMA_ID,)) + _varint(node)
+        encoded = _numa_nodes[node] = _field(_TOPOLOGY_NODES, body)
+    return encoded
+
+
+def device_entry(device_id: str, info: DeviceInfo) -> bytes:
+    """One device as it appears in an encoded ListAndWatchResponse: the ``devices`` field
+    holding :func:`device_message`'s encoding, byte for byte what protobuf writes (a
+    message is the concatenation of its repeated field's entries)."""
+    ident = device_id.encode()
+    body = _field(_DEVICE_ID, ident) if ident else b""
+    body += _field(_DEVICE_HEALTH, str(info.health).encode())
+    if info.numa_nodes:
+        body += _field(_DEVICE_TOPOLOGY, b"".join(map(_numa_node, info.numa_nodes)))
+    return _field(_LIST_DEVICES, body)
+
+
+class ListMessageBuilder:
+    """Builds ListAndWatch messages as bytes, keeping each device's encoded entry.
+
+    The message of a map is the join of its devices' entries (:func:`device_entry`), in the
+    map's order. Told how a map was made from the previous one (:meth:`edited`, from
+    :meth:`~devplug.model.DeviceTree.edit_since`), the builder re-encodes only the ids the
+    edit names; otherwise it re-encodes the devices whose health or topology changed. Either
+    way the join of n entries is the one O(n) step left: the kubelet wants the whole list.
     """
 
-    def __init__(self) -> None:
-        self._made: dict[tuple[str, str, tuple[int, ...]], pb.Device] = {}
-        self._last: pb.ListAndWatchResponse | None = None
+    # Edits kept for a build to follow; a map reached by more (no stream read meanwhile) is
+    # encoded afresh.
+    MAX_PENDING_EDITS = 16
 
-    def build(self, devices: Mapping[str, DeviceInfo]) -> pb.ListAndWatchResponse:
-        """The message for ``devices``; the very same object as last time if nothing the
-        kubelet sees (ids, health, topology) changed, so callers can skip re-sending it."""
-        made: dict[tuple[str, str, tuple[int, ...]], pb.Device] = {}
-        previous = self._made
+    def __init__(self) -> None:
+        self._map: Mapping[str, DeviceInfo] | None = None
+        self._entries: dict[str, bytes] = {}
+        self._data = b""
+        # (map, how it was made from an earlier map), oldest first.
+        self._edits: list[tuple[Mapping[str, DeviceInfo], MapEdit]] = []
+
+    def edited(self, devices: Mapping[str, DeviceInfo], edit: MapEdit) -> None:
+        """``devices`` was made from ``edit.base`` by ``edit``; a later build may use it."""
+        self._edits.append((devices, edit))
+        if len(self._edits) > self.MAX_PENDING_EDITS:
+            del self._edits[0]
+
+    def build(self, devices: Mapping[str, DeviceInfo]) -> bytes:
+        """The encoded ListAndWatchResponse for ``devices``; the very same object as last time
+        if nothing the kubelet sees (ids, their order, health, topology) changed, so callers
+        can skip re-sending it."""
+        if self._map is not None and devices is self._map:
+            return self._data
+        steps = self._steps_to(devices)
+        if steps is None:
+            self._encode_all(devices)
+        else:
+            entries = self._entries
+            for edit, tail in steps:
+                for device_id in edit.removed:
+                    entries.pop(device_id, None)
+                for device_id, info in tail:
+                    entries[device_id] = device_entry(device_id, info)
+        data = b"".join(self._entries.values())
+        if self._map is not None and data == self._data:
+            data = self._data
+        self._map, self._data = devices, data
+        return data
+
+    def _steps_to(
+        self, devices: Mapping[str, DeviceInfo]
+    ) -> list[tuple[MapEdit, list[tuple[str, DeviceInfo]]]] | None:
+        """The edits leading from the last map built to ``devices``, each with its added
+        devices in the map's order; None if there is no such chain (encode afresh). The edits
+        used (and any older ones) are dropped."""
+        current = self._map
+        steps: list[tuple[MapEdit, list[tuple[str, DeviceInfo]]]] = []
+        for index, (made, edit) in enumerate(self._edits):
+            if current is None or edit.base is not current:
+                continue
+            # with_changes appends the added ids: they are the map's last ones, in its order.
+            try:
+                last = reversed(cast("Reversible[str]", made))
+            except TypeError:  # a mapping that cannot iterate backwards
+                break
+            tail = [(i, made[i]) for i in itertools.islice(last, len(edit.added))]
+            tail.reverse()
+            if {device_id for device_id, _ in tail} != edit.added:
+                break
+            steps.append((edit, tail))
+            current = made
+            if made is devices:
+                del self._edits[: index + 1]
+                return steps
+        return None
+
+    def _encode_all(self, devices: Mapping[str, DeviceInfo]) -> None:
+        """Every device's entry, reusing the last ones whose health and topology are equal."""
+        before = self._map if self._map is not None else {}
+        entries = self._entries
+        fresh: dict[str, bytes] = {}
         for device_id, info in devices.items():
-            key = (device_id, info.health.value, info.numa_nodes)
-            message = previous.get(key)
-            made[key] = device_message(device_id, info) if message is None else message
-        if self._last is not None and list(made) == list(previous):
-            return self._last
-        self._made = made
-        self._last = pb.ListAndWatchResponse(devices=made.values())
-        return self._last
+            old = before.get(device_id)
+            entry = entries.get(device_id)
+            if (
+                entry is None
+                or old is None
+                or (
+                    old is not info
+                    and (old.health is not info.health or old.numa_nodes != info.numa_nodes)
+                )
+            ):
+                entry = device_entry(device_id, info)
+            fresh[device_id] = entry
+        self._entries = fresh
+        self._edits.clear()
 
 
 def container_response(answer: ContainerAllocation) -> pb.ContainerAllocateResponse:
