@@ -275,3 +275,59 @@ def test_next_deadline_is_none_without_held_devices(gate: HealthGate) -> None:
     assert gate.next_deadline() is None
     gate.gate(tree(a=unhealthy()))
     assert gate.next_deadline() is None
+
+
+def test_gating_edits_matches_full_passes_through_random_walks() -> None:
+    """Random walks of tree edits (health flips, re-reads giving equal devices, removals,
+    additions, resources coming and going, hold-down deadlines, trees that know no edit):
+    a gate given the edited trees, which looks at the edited and held-down devices only,
+    publishes what a gate given the same trees without their edits (a full pass every time)
+    publishes, and keeps the same memory."""
+    import random
+
+    names = ["example.com/a", "example.com/b"]
+    reasons = ["", "node missing", "driver gone"]
+    for seed in range(30):
+        rng = random.Random(seed)
+        clock = FakeClock()
+        edited, full = HealthGate(HOLD_DOWN, clock=clock), HealthGate(HOLD_DOWN, clock=clock)
+
+        def info(rng: random.Random = rng) -> DeviceInfo:
+            return healthy() if rng.random() < 0.6 else unhealthy(rng.choice(reasons))
+
+        raw = DeviceTree({names[0]: {str(i): info() for i in range(rng.randrange(1, 8))}})
+        for _ in range(120):
+            removed = [(r, i) for r in raw for i in raw[r] if rng.random() < 0.2]
+            added: dict[str, dict[str, DeviceInfo]] = {}
+            for r, i in removed:
+                if rng.random() < 0.8:  # re-read: the same object, an equal one or another
+                    choice = rng.random()
+                    old = raw[r][i]
+                    new = (
+                        old
+                        if choice < 0.3
+                        else dataclasses.replace(old)
+                        if choice < 0.5
+                        else info()
+                    )
+                    added.setdefault(r, {})[i] = new
+            for _ in range(rng.choice([0, 0, 1, 2])):
+                r, i = rng.choice(names), str(rng.randrange(12))
+                if i not in raw.get(r, {}) or (r, i) in removed:
+                    added.setdefault(r, {}).setdefault(i, info())
+            step = rng.random()
+            if step < 0.15:
+                pass  # the same tree again: a hold-down deadline, say
+            elif step < 0.2:
+                raw = DeviceTree(raw)  # a tree that knows no edit (a full scan)
+            else:
+                raw = raw.with_changes(removed, added)
+            clock.now += rng.choice([0, 0.5, 1, 3, HOLD_DOWN / 2, HOLD_DOWN])
+            out = edited.gate(raw)
+            assert out == full.gate(DeviceTree(raw))
+            if not edited._healthy_since:
+                assert out is raw
+            assert edited._published == full._published
+            assert edited._healthy_since == full._healthy_since
+            assert edited._last_reason == full._last_reason
+            assert edited.next_deadline() == full.next_deadline()

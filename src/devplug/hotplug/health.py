@@ -10,8 +10,9 @@ Added and removed devices are never held: only health is debounced.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 import structlog
 
@@ -20,10 +21,20 @@ from devplug.model import DeviceInfo, DeviceTree, Health
 log = structlog.get_logger("devplug.health")
 
 _Key = tuple[str, str]
+# One resource's edit since the tree gated last: the ids gone or re-read, the ids put in.
+_Edit = tuple[frozenset[str], frozenset[str]]
 CLOCK_SLACK_S = 0.001
 
 
 class HealthGate:
+    """Debounces a tree's health; see the module's docstring.
+
+    A tree that is an edit of the one gated last (:meth:`DeviceTree.edit_since`, a new
+    resource counting as added whole) is gated by looking at the edited devices and the
+    held-down ones only: every other device is the very same object as last time and not
+    held, so it is published as it was, as reported. Any other tree gets a full pass.
+    """
+
     def __init__(self, hold_down_s: float, clock: Callable[[], float] = time.monotonic) -> None:
         self.hold_down_s = hold_down_s
         self._clock = clock
@@ -32,6 +43,8 @@ class HealthGate:
         # were unhealthy (kept in the reason while they are held down).
         self._healthy_since: dict[_Key, float] = {}
         self._last_reason: dict[_Key, str] = {}
+        # The scanners' tree gated last: the next one may be an edit of it.
+        self._last_raw: DeviceTree | None = None
 
     def now(self) -> float:
         """The gate's clock (``next_deadline`` is in its time)."""
@@ -46,65 +59,126 @@ class HealthGate:
     def gate(self, raw: DeviceTree) -> DeviceTree:
         """The tree to advertise for the scanners' ``raw`` tree, at the current time."""
         now = self._clock()
-        published: dict[_Key, Health] = {}
-        out: dict[str, dict[str, DeviceInfo]] = {}
-        changed = False
+        edits = self._edits_since_last(raw)
+        self._last_raw = raw
+        held = self._full_pass(raw, now) if edits is None else self._edited_pass(raw, edits, now)
+        if not held:
+            return raw
+        # Only the held-down devices differ from what the scanners reported.
+        return raw.with_changes(
+            [key for resource, ids in held.items() for key in zip(itertools.repeat(resource), ids)],
+            held,
+        )
+
+    def _edits_since_last(self, raw: DeviceTree) -> dict[str, _Edit] | None:
+        """resource -> (ids gone or re-read, ids put in) since the tree gated last, for the
+        resources whose map is not the very same; None when ``raw`` is not an edit of it."""
+        last = self._last_raw
+        if last is None:
+            return None
+        edits: dict[str, _Edit] = {}
         for resource, devices in raw.items():
-            gated = dict(devices)
+            before = last.get(resource)
+            if before is devices:
+                continue
+            if before is None:
+                edits[resource] = (frozenset(), frozenset(devices))
+                continue
+            edit = raw.edit_since(resource, before)
+            if edit is None:
+                return None
+            edits[resource] = (edit.removed, edit.added)
+        for resource in last.keys() - raw.keys():
+            edits[resource] = (frozenset(last[resource]), frozenset())
+        return edits
+
+    def _full_pass(self, raw: DeviceTree, now: float) -> dict[str, dict[str, DeviceInfo]]:
+        """Every device judged; what is not in ``raw`` any more is forgotten."""
+        published: dict[_Key, Health] = {}
+        held: dict[str, dict[str, DeviceInfo]] = {}
+        before = self._published
+        for resource, devices in raw.items():
             for device_id, info in devices.items():
                 key = (resource, device_id)
-                before = self._published.get(key)
-                health = info.health
-                if health is Health.UNHEALTHY:
-                    self._healthy_since.pop(key, None)
-                    self._last_reason[key] = info.health_reason
-                    if before is not Health.UNHEALTHY:
-                        # New devices too: an operator wants to know why one is not usable.
-                        log.warning(
-                            "device.health.changed",
-                            resource=resource,
-                            device=device_id,
-                            health=health.value,
-                            reason=info.health_reason or "reported by the scanner",
-                        )
-                elif before is Health.UNHEALTHY:
-                    since = self._healthy_since.setdefault(key, now)
-                    # (The loop's timers may fire a clock tick early: allow for it.)
-                    if now - since >= self.hold_down_s - CLOCK_SLACK_S:
-                        del self._healthy_since[key]
-                        self._last_reason.pop(key, None)
-                        log.info(
-                            "device.health.changed",
-                            resource=resource,
-                            device=device_id,
-                            health=health.value,
-                            reason=f"healthy for {self.hold_down_s:g}s",
-                        )
-                    else:
-                        health = Health.UNHEALTHY
-                        cause = self._last_reason.get(key) or "unhealthy"
-                        gated[device_id] = dataclasses.replace(
-                            info,
-                            health=health,
-                            health_reason=(
-                                f"{cause}; recovered, held down until healthy for "
-                                f"{self.hold_down_s:g}s"
-                            ),
-                        )
-                        if since == now:
-                            log.info(
-                                "device.health.held",
-                                resource=resource,
-                                device=device_id,
-                                hold_down_s=self.hold_down_s,
-                            )
-                published[key] = health
-                changed = changed or health is not info.health
-            out[resource] = gated
+                out = self._judge(key, info, before.get(key), now)
+                published[key] = out.health
+                if out is not info:
+                    held.setdefault(resource, {})[device_id] = out
         # Removed devices are forgotten: if they come back, they start afresh.
         for key in self._healthy_since.keys() - published.keys():
             del self._healthy_since[key]
         for key in self._last_reason.keys() - published.keys():
             del self._last_reason[key]
         self._published = published
-        return DeviceTree(out) if changed else raw
+        return held
+
+    def _edited_pass(
+        self, raw: DeviceTree, edits: Mapping[str, _Edit], now: float
+    ) -> dict[str, dict[str, DeviceInfo]]:
+        """The edited devices and the held-down ones judged; the others are as last time."""
+        published = self._published
+        for resource, (removed, added) in edits.items():
+            for device_id in removed - added:
+                key = (resource, device_id)
+                # Removed devices are forgotten: if they come back, they start afresh.
+                published.pop(key, None)
+                self._healthy_since.pop(key, None)
+                self._last_reason.pop(key, None)
+        judged = {(resource, i) for resource, (_, added) in edits.items() for i in added}
+        judged.update(self._healthy_since)
+        held: dict[str, dict[str, DeviceInfo]] = {}
+        for key in judged:
+            resource, device_id = key
+            info = raw[resource][device_id]
+            out = self._judge(key, info, published.get(key), now)
+            published[key] = out.health
+            if out is not info:
+                held.setdefault(resource, {})[device_id] = out
+        return held
+
+    def _judge(self, key: _Key, info: DeviceInfo, before: Health | None, now: float) -> DeviceInfo:
+        """What to publish of one device the scanner reports as ``info``, given what was
+        published of it before: ``info`` itself, or it held down (Unhealthy) for a while."""
+        resource, device_id = key
+        health = info.health
+        if health is Health.UNHEALTHY:
+            self._healthy_since.pop(key, None)
+            self._last_reason[key] = info.health_reason
+            if before is not Health.UNHEALTHY:
+                # New devices too: an operator wants to know why one is not usable.
+                log.warning(
+                    "device.health.changed",
+                    resource=resource,
+                    device=device_id,
+                    health=health.value,
+                    reason=info.health_reason or "reported by the scanner",
+                )
+            return info
+        if before is not Health.UNHEALTHY:
+            return info
+        since = self._healthy_since.setdefault(key, now)
+        # (The loop's timers may fire a clock tick early: allow for it.)
+        if now - since >= self.hold_down_s - CLOCK_SLACK_S:
+            del self._healthy_since[key]
+            self._last_reason.pop(key, None)
+            log.info(
+                "device.health.changed",
+                resource=resource,
+                device=device_id,
+                health=health.value,
+                reason=f"healthy for {self.hold_down_s:g}s",
+            )
+            return info
+        if since == now:
+            log.info(
+                "device.health.held",
+                resource=resource,
+                device=device_id,
+                hold_down_s=self.hold_down_s,
+            )
+        cause = self._last_reason.get(key) or "unhealthy"
+        return dataclasses.replace(
+            info,
+            health=Health.UNHEALTHY,
+            health_reason=f"{cause}; recovered, held down until healthy for {self.hold_down_s:g}s",
+        )
