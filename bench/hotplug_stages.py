@@ -25,7 +25,7 @@ reported as build, serialize and send, their total, and apart the simulator's pa
 conversion, done by the floor's client: it is in bench.hotplug's figures, not in these).
 
     umockdev-wrapper .venv/bin/python -m bench.hotplug_stages [--devices 1000 10000] \
-        [--samples 20] [--quiet-ms 0.5] [--proposals]
+        [--samples 20] [--quiet-ms 0.5]
 """
 
 from __future__ import annotations
@@ -92,7 +92,6 @@ async def traced_daemon(
     host: UmockdevHost,
     trace: Path,
     quiet_ms: float = 0,
-    proposals: bool = False,
 ) -> AsyncIterator[asyncio.subprocess.Process]:
     """``devplug run`` through bench.traced_daemon; the trace is written when it exits."""
     config = kubelet_dir.parent / "config.yaml"
@@ -117,7 +116,6 @@ async def traced_daemon(
             **host.env(),
             "DEVPLUG_TRACE": str(trace),
             **({"DEVPLUG_BENCH_QUIET_MS": str(quiet_ms)} if quiet_ms else {}),
-            **({"DEVPLUG_BENCH_PROPOSALS": "1"} if proposals else {}),
         },
     )
     try:
@@ -279,9 +277,7 @@ async def floor_samples(
     return out
 
 
-async def run_size(
-    scratch: Path, devices: int, samples: int, quiet_ms: float, proposals: bool
-) -> None:
+async def run_size(scratch: Path, devices: int, samples: int, quiet_ms: float) -> None:
     built = time.perf_counter()
     host = gpu_host(scratch / f"testbed{devices}", devices)
     gc.freeze()
@@ -295,7 +291,7 @@ async def run_size(
         floor = await floor_samples(scratch / f"floor{devices}.sock", host, devices, samples)
         async with (
             KubeletSimulator(kubelet_dir) as kubelet,
-            traced_daemon(RENDER_CONFIG, kubelet_dir, host, trace, quiet_ms, proposals),
+            traced_daemon(RENDER_CONFIG, kubelet_dir, host, trace, quiet_ms),
         ):
             session = await kubelet.wait_for_plugin(RENDER_RESOURCE, timeout=600)
             await session.wait_for_update(lambda listed: len(listed) == devices, timeout=600)
@@ -377,15 +373,13 @@ async def run_size(
     )
 
 
-async def main(sizes: Sequence[int], samples: int, quiet_ms: float, proposals: bool) -> None:
+async def main(sizes: Sequence[int], samples: int, quiet_ms: float) -> None:
     require_preload()
     if quiet_ms:
         print(f"coalescing window ends after {quiet_ms:g} ms without a datagram (a proposal)")
-    if proposals:
-        print("health gate and rescan index: bench.proposals' O(changed) stand-ins")
     for devices in sizes:
         with scratch_dir(size="4g") as scratch:
-            await run_size(scratch, devices, samples, quiet_ms, proposals)
+            await run_size(scratch, devices, samples, quiet_ms)
 
 
 if __name__ == "__main__":
@@ -400,10 +394,5 @@ if __name__ == "__main__":
         default=0,
         help="end the coalescing window after this long without a datagram (bench-only stand-in)",
     )
-    parser.add_argument(
-        "--proposals",
-        action="store_true",
-        help="the health gate and rescan index of bench.proposals (bench-only stand-ins)",
-    )
     args = parser.parse_args()
-    asyncio.run(main(args.devices, args.samples, args.quiet_ms, args.proposals))
+    asyncio.run(main(args.devices, args.samples, args.quiet_ms))

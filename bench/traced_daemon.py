@@ -30,8 +30,6 @@ With ``DEVPLUG_BENCH_QUIET_MS`` set, the scan loop's coalescing window (``asynci
 devplug.hotplug.loop, through a stand-in for its ``asyncio``) ends once no datagram was read
 for that long, or at its usual length, whichever comes first: a measure of the "window ends
 when the burst does" proposal, without editing the module.
-
-With ``DEVPLUG_BENCH_PROPOSALS=1``, bench.proposals' health gate and rescan index stand in.
 """
 
 from __future__ import annotations
@@ -110,11 +108,6 @@ class _QuietAsyncio:
 
 def install() -> None:
     import grpc
-
-    if os.environ.get("DEVPLUG_BENCH_PROPOSALS") == "1":
-        from bench import proposals
-
-        proposals.install()
 
     from devplug import daemon, model
     from devplug.cdi import build, sync

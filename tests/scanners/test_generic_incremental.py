@@ -14,7 +14,7 @@ import pytest
 
 from devplug.model import DeviceTree, Health
 from devplug.scanners.generic import GenericScanner
-from devplug.scanners.incremental import TouchedPaths
+from devplug.scanners.incremental import SourceIndex, TouchedPaths
 from devplug.scanners.udev import UdevEvent, UdevMonitor, UdevSource
 from devplug.testing.umockdev import (
     MockNode,
@@ -77,6 +77,11 @@ class Pair:
         assert rescanned is not None
         expected = self.full.scan(UdevSource())
         assert rescanned == expected, (batch, dict(rescanned), dict(expected))
+        # The scanner's kept index of sources is the one a fresh index of the tree gives.
+        kept, fresh = self.incremental._index, SourceIndex(rescanned)
+        if kept.tree is rescanned:
+            assert kept.by_source == fresh.by_source
+            assert kept.paths._sorted == fresh.paths._sorted
         self.tree = rescanned
         return rescanned
 

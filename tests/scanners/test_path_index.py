@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import random
 
-from devplug.scanners.incremental import PathIndex, TouchedPaths
+from devplug.model import DeviceInfo, DeviceTree
+from devplug.scanners.incremental import PathIndex, SourceIndex, TouchedPaths, TreeEdit
 
 
 def random_path(rng: random.Random) -> str:
@@ -43,3 +44,46 @@ def test_siblings_with_a_common_name_prefix_are_not_touched() -> None:
     assert index.touched_by(["/sys/devices/a/b"]) == {"/sys/devices/a/b/c/d"}
     index.discard("/sys/devices/nothing")  # absent: no error
     assert len(index) == 2
+
+
+def _index_state(index: SourceIndex) -> tuple[dict[str, set[tuple[str, str]]], list[str]]:
+    assert len(index.paths) == len(index.by_source)
+    return index.by_source, index.paths._sorted
+
+
+def test_a_kept_source_index_matches_a_fresh_one_through_random_edits() -> None:
+    """A random walk of tree edits (devices of one or several sources, shared sources, ids
+    re-read with other sources, resources coming and going, edits of trees the index does
+    not know): TreeEdit with the kept index touches what TreeEdit indexing the previous tree
+    afresh touches, builds the same tree, and leaves the index equal to a fresh one."""
+    resources = ["example.com/a", "example.com/b"]
+    for seed in range(10):
+        rng = random.Random(seed)
+        kept = SourceIndex()
+
+        def info(rng: random.Random = rng) -> DeviceInfo:
+            return DeviceInfo(sources=tuple({random_path(rng) for _ in range(rng.randint(0, 3))}))
+
+        tree = DeviceTree()
+        for _ in range(200):
+            touched = TouchedPaths(random_path(rng) for _ in range(rng.randint(0, 3)))
+            if rng.random() < 0.05:
+                tree = DeviceTree(tree)  # a tree the kept index does not know
+            with_kept = TreeEdit(tree, touched, kept)
+            fresh = TreeEdit(tree, touched)
+            assert with_kept.stale_sources == fresh.stale_sources
+            assert with_kept.removed == fresh.removed
+            step = rng.random()
+            for edit in (with_kept, fresh):
+                readd = random.Random(step)  # the same re-reads and additions for both
+                for resource, device_id in sorted(edit.removed):
+                    if readd.random() < 0.5:
+                        edit.add(resource, device_id, info(readd))
+                for _ in range(readd.choice([0, 1, 2])):
+                    resource, device_id = readd.choice(resources), str(readd.randrange(20))
+                    if (resource, device_id) not in edit:
+                        edit.add(resource, device_id, info(readd))
+            tree = with_kept.build()
+            assert tree == fresh.build()
+            assert kept.tree is tree
+            assert _index_state(kept) == _index_state(SourceIndex(tree))

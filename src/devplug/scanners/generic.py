@@ -25,7 +25,7 @@ from devplug.config import StrictModel, config_error
 from devplug.errors import ConfigError
 from devplug.model import DeviceInfo, DeviceNode, DeviceTree, DeviceTreeBuilder, Health
 from devplug.naming import MAX_DEVICE_ID, sanitize_device_id, validate_resource_name
-from devplug.scanners.incremental import TouchedPaths, TreeEdit
+from devplug.scanners.incremental import SourceIndex, TouchedPaths, TreeEdit
 from devplug.scanners.udev import UdevDevice, UdevEvent, UdevSource
 
 log = structlog.get_logger("devplug.scanners.generic")
@@ -111,6 +111,8 @@ class GenericScanner:
         self._advertised = DeviceTree()
         # Two devices mapped to one id in the last scan: incremental rescans are not exact then.
         self._duplicates = False
+        # The sources of the last tree, built by a full scan and edited by each rescan.
+        self._index = SourceIndex()
 
     @classmethod
     def from_config(cls, raw: Any, field: str = "scanners.generic") -> GenericScanner:
@@ -160,6 +162,7 @@ class GenericScanner:
                 self._add_device(source, entry, device, builder)
         tree = builder.build()
         self._advertised = tree
+        self._index.reset(tree)
         return tree
 
     def rescan(
@@ -174,7 +177,7 @@ class GenericScanner:
             # A moved device's children moved with it, without events of their own.
             return None
         touched = TouchedPaths(event.sys_path for event in events)
-        edit = TreeEdit(previous, touched)
+        edit = TreeEdit(previous, touched, self._index)
         self._advertised = previous
         for path in sorted(touched.paths | edit.stale_sources):
             device = source.device(path)

@@ -2,15 +2,16 @@
 
 A device is touched by an event when one of its sysfs sources is the event's path, lies below
 it (a PCI function removed with its drm children) or above it (a child of the device changed).
-The work is proportional to the events and the devices they touch (plus one pass to index the
-previous tree), not to devices x events, so a storm of events over a big tree stays cheap.
+The work is proportional to the events and the devices they touch, not to devices x events, so
+a storm of events over a big tree stays cheap; with the scanner's kept :class:`SourceIndex`, not
+to the size of the tree either.
 """
 
 from __future__ import annotations
 
 import bisect
 import itertools
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 
 from devplug.model import DeviceInfo, DeviceTree
 
@@ -33,22 +34,83 @@ class TouchedPaths:
         return PathIndex(sources).touched_by(self.paths)
 
 
+class SourceIndex:
+    """The sources of one tree: source -> the (resource, id) keys built from it, and the
+    sorted :class:`PathIndex` of them.
+
+    A scanner keeps one between rescans: built from the tree of a full scan, it is edited
+    by each :meth:`TreeEdit.build` along with the tree, so an event costs a few lookups
+    instead of a pass over every device. Given another tree than its own, it indexes that
+    one afresh (:meth:`of`).
+    """
+
+    def __init__(self, tree: DeviceTree | None = None) -> None:
+        self.reset(tree if tree is not None else DeviceTree())
+
+    def reset(self, tree: DeviceTree) -> None:
+        """Index ``tree`` (a pass over every device)."""
+        by_source: dict[str, set[tuple[str, str]]] = {}
+        for resource, devices in tree.items():
+            for device_id, info in devices.items():
+                for source in info.sources:
+                    by_source.setdefault(source, set()).add((resource, device_id))
+        self.tree = tree
+        self.by_source = by_source
+        self.paths = PathIndex(by_source)
+
+    def of(self, tree: DeviceTree) -> SourceIndex:
+        """This index, made to index ``tree`` first if it indexes another one."""
+        if self.tree is not tree:
+            self.reset(tree)
+        return self
+
+    def edited(
+        self,
+        tree: DeviceTree,
+        removed: Iterable[tuple[str, str]],
+        added: Mapping[str, Mapping[str, DeviceInfo]],
+    ) -> None:
+        """``tree`` is this index's tree without the ``removed`` keys, plus ``added``."""
+        previous, by_source, paths = self.tree, self.by_source, self.paths
+        for key in removed:
+            resource, device_id = key
+            info = previous.get(resource, {}).get(device_id)
+            for source in info.sources if info is not None else ():
+                keys = by_source.get(source)
+                if keys is not None:
+                    keys.discard(key)
+                    if not keys:
+                        del by_source[source]
+                        paths.discard(source)
+        for resource, devices in added.items():
+            for device_id, info in devices.items():
+                for source in info.sources:
+                    keys = by_source.get(source)
+                    if keys is None:
+                        keys = by_source[source] = set()
+                        paths.add(source)
+                    keys.add((resource, device_id))
+        self.tree = tree
+
+
 class TreeEdit:
     """The previous tree minus the devices a batch touched, to which the rescan adds back.
 
     Offers what a scanner needs of a :class:`~devplug.model.DeviceTreeBuilder` (``in`` and
-    ``add``), so the same code fills a full scan's builder or an incremental edit.
+    ``add``), so the same code fills a full scan's builder or an incremental edit. With the
+    scanner's :class:`SourceIndex` (``index``), finding the touched devices costs O(changed)
+    and :meth:`build` edits the index; without it, the previous tree is indexed here.
     """
 
-    def __init__(self, previous: DeviceTree, touched: TouchedPaths) -> None:
+    def __init__(
+        self, previous: DeviceTree, touched: TouchedPaths, index: SourceIndex | None = None
+    ) -> None:
         self.previous = previous
-        by_source: dict[str, list[tuple[str, str]]] = {}
-        for resource, devices in previous.items():
-            for device_id, info in devices.items():
-                for source in info.sources:
-                    by_source.setdefault(source, []).append((resource, device_id))
+        self._index = index.of(previous) if index is not None else SourceIndex(previous)
+        self._kept = index is not None
+        by_source = self._index.by_source
         #: sources of touched devices: the rescan re-reads them (with the event paths).
-        self.stale_sources = touched.touched_sources(by_source)
+        self.stale_sources = self._index.paths.touched_by(touched.paths)
         self.removed = {key for source in self.stale_sources for key in by_source[source]}
         # A device built from several sources goes if any is touched; re-read all of them.
         for resource, device_id in self.removed:
@@ -67,7 +129,10 @@ class TreeEdit:
         self._added.setdefault(resource, {})[device_id] = info
 
     def build(self) -> DeviceTree:
-        return self.previous.with_changes(self.removed, self._added)
+        tree = self.previous.with_changes(self.removed, self._added)
+        if self._kept and self._index.tree is self.previous:
+            self._index.edited(tree, self.removed, self._added)
+        return tree
 
 
 class PathIndex:
