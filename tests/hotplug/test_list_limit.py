@@ -380,3 +380,37 @@ async def test_gpu_shares_past_4_mib_are_held_back_by_whole_gpus(
             "devplug_devices_held_back", {"resource": SERIAL}
         )
         assert held_metric == (len(gpus) - whole) * shares
+
+
+def test_counting_numa_nodes_from_edits_matches_a_full_count_through_random_walks() -> None:
+    """A random walk of tree edits (devices with and without NUMA nodes, re-reads, removals,
+    additions; lists below, near and over the limit): a limit given the edited trees, which
+    counts NUMA nodes from the edit, answers what a limit given the same trees without their
+    edits answers, and its count is the full count."""
+    import random
+
+    rng = random.Random(16)
+    edited, full = ListLimit(limit=560), ListLimit(limit=560)
+
+    def info() -> DeviceInfo:
+        return DeviceInfo(nodes=NODES, numa_nodes=rng.choice([(), (0,), (1,), (0, 1, 2)]))
+
+    tree = DeviceTree({SERIAL: {"dev0": info()}})
+    for _ in range(400):
+        devices = tree.get(SERIAL, {})
+        removed = [(SERIAL, i) for i in devices if rng.random() < 0.1]
+        added: dict[str, dict[str, DeviceInfo]] = {SERIAL: {}}
+        for _, i in removed:
+            if rng.random() < 0.5:
+                added[SERIAL][i] = devices[i] if rng.random() < 0.3 else info()
+        for _ in range(rng.choice([0, 1, 2, 3])):
+            i = f"dev{rng.randrange(60)}"
+            if i not in devices or (SERIAL, i) in removed:
+                added[SERIAL].setdefault(i, info())
+        tree = tree.with_changes(removed, added)
+        if rng.random() < 0.05:
+            tree = DeviceTree(tree)  # a tree that knows no edit
+        assert edited.fit(tree) == full.fit(DeviceTree(tree))
+        if SERIAL in tree:
+            count = sum(len(d.numa_nodes) for d in tree[SERIAL].values())
+            assert edited._last[SERIAL].numa_nodes == count

@@ -54,14 +54,28 @@ class _Verdict(NamedTuple):
     devices: DeviceMap  # the scanners' map it was given
     advertised: DeviceMap  # what of it is advertised (``devices`` itself when all fit)
     waiting: tuple[str, ...]  # the ids held back, unit by unit in the order they wait
+    numa_nodes: int  # NUMA nodes of all of ``devices`` (for the upper bound)
 
 
 # A unit: the ids of one resource that share a DeviceInfo object, in the map's order.
 Unit = list[str]
 
 
-def _upper_bound(devices: DeviceMap) -> int:
-    numa_nodes = sum(len(info.numa_nodes) for info in devices.values())
+def _numa_nodes(devices: DeviceMap, tree: DeviceTree, resource: str, last: _Verdict | None) -> int:
+    """The NUMA nodes of all of ``devices`` (``tree[resource]``): from the last verdict's
+    count and the tree's edit when it knows one (O(changed)), else counted."""
+    edit = tree.edit_since(resource, last.devices) if last is not None else None
+    if last is None or edit is None:
+        return sum(len(info.numa_nodes) for info in devices.values())
+    before = edit.base
+    return (
+        last.numa_nodes
+        - sum(len(before[i].numa_nodes) for i in edit.removed)
+        + sum(len(devices[i].numa_nodes) for i in edit.added)
+    )
+
+
+def _upper_bound(devices: DeviceMap, numa_nodes: int) -> int:
     return len(devices) * _MOST_BYTES_PER_DEVICE + numa_nodes * _MOST_BYTES_PER_NUMA_NODE
 
 
@@ -110,7 +124,8 @@ class ListLimit:
             if last is not None and last.devices is devices:
                 verdict = last
             else:
-                verdict = self._check(resource, devices, last)
+                numa_nodes = _numa_nodes(devices, tree, resource, last)
+                verdict = self._check(resource, devices, last, numa_nodes)
             verdicts[resource] = verdict
             if verdict.waiting:
                 trimmed[resource] = verdict.advertised
@@ -120,10 +135,13 @@ class ListLimit:
         held = {resource: v.waiting for resource, v in verdicts.items() if v.waiting}
         return Fitted(fitted, held)
 
-    def _check(self, resource: str, devices: DeviceMap, last: _Verdict | None) -> _Verdict:
-        """The verdict on ``devices``, given the last one on this resource."""
+    def _check(
+        self, resource: str, devices: DeviceMap, last: _Verdict | None, numa_nodes: int
+    ) -> _Verdict:
+        """The verdict on ``devices`` (with ``numa_nodes`` in all), given the last one on
+        this resource."""
         held_before = last.waiting if last is not None else ()
-        if _upper_bound(devices) < WARN_FRACTION * self.limit:
+        if _upper_bound(devices, numa_nodes) < WARN_FRACTION * self.limit:
             self._near.discard(resource)
             total = None
         else:
@@ -133,7 +151,7 @@ class ListLimit:
         if total is None or total <= self.limit:
             if held_before:
                 log.info("list_limit.all_advertised", resource=resource, count=len(devices))
-            return _Verdict(devices, devices, ())
+            return _Verdict(devices, devices, (), numa_nodes)
         advertised = last.advertised if last is not None else {}
         waiting = self._waiting(_units(devices), sizes, advertised)
         ids = tuple(i for unit in waiting for i in unit)
@@ -159,7 +177,7 @@ class ListLimit:
             )
         left_out = set(ids)
         kept = MappingProxyType({i: info for i, info in devices.items() if i not in left_out})
-        return _Verdict(devices, kept, ids)
+        return _Verdict(devices, kept, ids, numa_nodes)
 
     def _waiting(
         self, units: list[Unit], sizes: Mapping[str, int], advertised: DeviceMap
