@@ -25,7 +25,7 @@ reported as build, serialize and send, their total, and apart the simulator's pa
 conversion, done by the floor's client: it is in bench.hotplug's figures, not in these).
 
     umockdev-wrapper .venv/bin/python -m bench.hotplug_stages [--devices 1000 10000] \
-        [--samples 20] [--quiet-ms 0.5]
+        [--samples 20]
 """
 
 from __future__ import annotations
@@ -91,7 +91,6 @@ async def traced_daemon(
     kubelet_dir: Path,
     host: UmockdevHost,
     trace: Path,
-    quiet_ms: float = 0,
 ) -> AsyncIterator[asyncio.subprocess.Process]:
     """``devplug run`` through bench.traced_daemon; the trace is written when it exits."""
     config = kubelet_dir.parent / "config.yaml"
@@ -115,7 +114,6 @@ async def traced_daemon(
             **os.environ,
             **host.env(),
             "DEVPLUG_TRACE": str(trace),
-            **({"DEVPLUG_BENCH_QUIET_MS": str(quiet_ms)} if quiet_ms else {}),
         },
     )
     try:
@@ -277,7 +275,7 @@ async def floor_samples(
     return out
 
 
-async def run_size(scratch: Path, devices: int, samples: int, quiet_ms: float) -> None:
+async def run_size(scratch: Path, devices: int, samples: int) -> None:
     built = time.perf_counter()
     host = gpu_host(scratch / f"testbed{devices}", devices)
     gc.freeze()
@@ -291,7 +289,7 @@ async def run_size(scratch: Path, devices: int, samples: int, quiet_ms: float) -
         floor = await floor_samples(scratch / f"floor{devices}.sock", host, devices, samples)
         async with (
             KubeletSimulator(kubelet_dir) as kubelet,
-            traced_daemon(RENDER_CONFIG, kubelet_dir, host, trace, quiet_ms),
+            traced_daemon(RENDER_CONFIG, kubelet_dir, host, trace),
         ):
             session = await kubelet.wait_for_plugin(RENDER_RESOURCE, timeout=600)
             await session.wait_for_update(lambda listed: len(listed) == devices, timeout=600)
@@ -373,13 +371,11 @@ async def run_size(scratch: Path, devices: int, samples: int, quiet_ms: float) -
     )
 
 
-async def main(sizes: Sequence[int], samples: int, quiet_ms: float) -> None:
+async def main(sizes: Sequence[int], samples: int) -> None:
     require_preload()
-    if quiet_ms:
-        print(f"coalescing window ends after {quiet_ms:g} ms without a datagram (a proposal)")
     for devices in sizes:
         with scratch_dir(size="4g") as scratch:
-            await run_size(scratch, devices, samples, quiet_ms)
+            await run_size(scratch, devices, samples)
 
 
 if __name__ == "__main__":
@@ -388,11 +384,5 @@ if __name__ == "__main__":
     )
     parser.add_argument("--devices", type=int, nargs="+", default=[1000, 10_000])
     parser.add_argument("--samples", type=int, default=20)
-    parser.add_argument(
-        "--quiet-ms",
-        type=float,
-        default=0,
-        help="end the coalescing window after this long without a datagram (bench-only stand-in)",
-    )
     args = parser.parse_args()
-    asyncio.run(main(args.devices, args.samples, args.quiet_ms))
+    asyncio.run(main(args.devices, args.samples))

@@ -25,11 +25,6 @@ Stages, in the order an event meets them:
     serialize   the ListAndWatch response serializer (bytes pass through; grpc calls it)
     cdi.pass    carry_out                         a CDI pass's render and file I/O (after)
     cdi.render  SpecRenderer.render               ... its render, in a worker thread
-
-With ``DEVPLUG_BENCH_QUIET_MS`` set, the scan loop's coalescing window (``asyncio.sleep`` in
-devplug.hotplug.loop, through a stand-in for its ``asyncio``) ends once no datagram was read
-for that long, or at its usual length, whichever comes first: a measure of the "window ends
-when the burst does" proposal, without editing the module.
 """
 
 from __future__ import annotations
@@ -80,32 +75,6 @@ def _wrap(owner: Any, attribute: str, name: str) -> None:
         setattr(owner, attribute, _timed(name, original))
 
 
-LAST_READ = [0.0]
-
-
-class _QuietAsyncio:
-    """``asyncio`` for devplug.hotplug.loop, but ``sleep`` ends after a quiet gap."""
-
-    def __init__(self, quiet_s: float) -> None:
-        import asyncio
-
-        self._asyncio = asyncio
-        self._quiet_s = quiet_s
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._asyncio, name)
-
-    async def sleep(self, delay: float) -> None:
-        clock = time.perf_counter
-        deadline = clock() + delay
-        while True:
-            now = clock()
-            quiet_left = LAST_READ[0] + self._quiet_s - now
-            if quiet_left <= 0 or now >= deadline:
-                return
-            await self._asyncio.sleep(min(quiet_left, deadline - now))
-
-
 def install() -> None:
     import grpc
 
@@ -116,18 +85,6 @@ def install() -> None:
     from devplug.ops import metrics
 
     _wrap(listener.UeventListener, "_on_readable", "read")
-    quiet_ms = os.environ.get("DEVPLUG_BENCH_QUIET_MS")
-    if quiet_ms:
-        from devplug.hotplug import loop
-
-        timed_read = listener.UeventListener._on_readable
-
-        def read_noted(self: Any) -> None:
-            timed_read(self)
-            LAST_READ[0] = time.perf_counter()
-
-        listener.UeventListener._on_readable = read_noted  # type: ignore[method-assign]
-        setattr(loop, "asyncio", _QuietAsyncio(float(quiet_ms) / 1000))  # noqa: B010
     _wrap(listener.UeventListener, "take", "take")
     _wrap(scanning.ScanRunner, "scan", "scan")
     _wrap(scanning.ScanRunner, "scan_blocking", "scan.thread")

@@ -120,6 +120,23 @@ async def test_add_and_remove_events_update_the_list_without_full_scans(
     assert daemon.stats.value.incremental_scans >= 2
 
 
+async def test_the_coalescing_window_ends_when_the_burst_does(
+    host: UmockdevHost, kubelet: KubeletSimulator, daemon_for: Any
+) -> None:
+    """coalesce_ms caps the window; it ends once no datagram came for a short quiet gap, so
+    an event does not wait out a long cap (10 s here, against a 5 s timeout)."""
+    daemon = await daemon_for(hotplug(coalesce_ms=10_000))
+    added = add_usb_serial(host, index=0)
+    before = daemon.listener.last_read
+    for path in host.devices:
+        if added.startswith(path):
+            await host.emit_async("add", path)
+    session = await kubelet.wait_for_plugin(SERIAL, timeout=5)
+    await session.wait_for_update(lambda listed: ids(listed) == {"ttyUSB0"}, timeout=5)
+    assert daemon.listener.last_read > before
+    assert daemon.stats.value.full_scans == 1
+
+
 async def test_allocate_of_a_removed_device_is_an_error(
     host: UmockdevHost, kubelet: KubeletSimulator, daemon_for: Any
 ) -> None:

@@ -129,9 +129,10 @@ class HotplugSettings(StrictModel):
     """How devplug notices device changes: udev events, with periodic full rescans as a net.
 
     ``source``: ``auto`` listens to udevd's events when /run/udev/control exists, else to the
-    kernel's; ``none`` only polls. ``coalesce_ms``: events arriving within this window are
-    handled together. ``resync_s``: full rescan period while events are received; ``poll_s``:
-    full rescan period without them (source none, or no monitor could be opened).
+    kernel's; ``none`` only polls. ``coalesce_ms``: the longest a burst of events is waited
+    for before it is handled as one batch (it ends sooner, once no event came for 0.5 ms).
+    ``resync_s``: full rescan period while events are received; ``poll_s``: full rescan
+    period without them (source none, or no monitor could be opened).
     ``health_hold_down_s``: a device that recovers is advertised Healthy only after staying
     healthy this long (turning Unhealthy is advertised at once).
     """

@@ -1,19 +1,20 @@
 """udev events for the scan loop: a monitor socket read through ``loop.add_reader``, batched.
 
-No thread waits on the socket: the event loop's selector wakes the reader when datagrams
-arrive, the reader drains them into a pending batch (one entry per sysfs path, the newest
-action wins) and tells the scan loop, which coalesces for a few milliseconds, takes the batch
-and rescans what it names. Kernel events (used without udevd's) are re-read once more a second
-later, when udevd has applied its rules. When the kernel drops events (ENOBUFS) the batch is marked
-overflowed and the scan loop rescans everything. An event that cannot be read (a DEVPATH that
-is not UTF-8) is skipped and logged; the events read with it are kept. A monitor that cannot
-be opened, or that fails, is not fatal: the daemon polls instead and tries to open it again
-at every poll.
+No thread waits on the socket: the event loop's selector wakes the reader when datagrams arrive,
+the reader drains them into a pending batch (one entry per sysfs path, the newest action wins),
+notes when it read them and tells the scan loop, which waits for the burst to end (a short quiet
+gap), takes the batch and rescans what it names. Kernel events (used without udevd's) are
+re-read once more a second later, when udevd has applied its rules. When the kernel drops events
+(ENOBUFS) the batch is marked overflowed and the scan loop rescans everything. An event that
+cannot be read (a DEVPATH that is not UTF-8) is skipped and logged; the events read with it are
+kept. A monitor that cannot be opened, or that fails, is not fatal: the daemon polls instead and
+tries to open it again at every poll.
 """
 
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -91,6 +92,9 @@ class UeventListener:
         self.received = 0
         self.overflows = 0
         self.unreadable = 0
+        # When datagrams were last read (time.monotonic(), the event loop's clock): the scan
+        # loop's coalescing window ends once none came for a short while.
+        self.last_read = 0.0
 
     @property
     def active(self) -> bool:
@@ -190,6 +194,8 @@ class UeventListener:
                 consequence="skipped; the other events read with it are kept",
             )
         self.received += len(received.events)
+        if received.events:
+            self.last_read = time.monotonic()
         self._add_pending(received.events)
         if self.source == "kernel" and received.events:
             self._schedule_recheck(received.events)

@@ -1,8 +1,9 @@
 """The scan loop: when to scan, and handing each result on.
 
 A full scan at start, then: udev events (read by the listener on the loop) -> incremental
-rescans, coalesced over the burst; the resync period (the poll period while no monitor can
-be opened) -> a full scan; a request (SIGHUP, tests) -> a full scan; a health hold-down that
+rescans, coalesced over the burst (until no datagram came for QUIET_GAP_S, for
+hotplug.coalesce_ms at most); the resync period (the poll period while no monitor can be
+opened) -> a full scan; a request (SIGHUP, tests) -> a full scan; a health hold-down that
 ends -> the gate's new view, without a rescan; a scanner that failed -> a full scan again after
 a back-off (0.5 s doubling to 30 s; its previous result is advertised meanwhile). Nothing
 wakes the loop otherwise.
@@ -16,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 
 import structlog
@@ -36,6 +38,10 @@ Publisher = Callable[[DeviceTree, Mapping[str, Scanner]], Awaitable[None]]
 # Told of every scan (metrics, stats) and of every batch of events taken.
 ScanObserver = Callable[[ScanResult], None]
 EventObserver = Callable[[EventBatch], None]
+
+# The coalescing window ends once no datagram was read for this long (a burst is over: a
+# GPU's PCI function, card and render minor come back to back), or at hotplug.coalesce_ms.
+QUIET_GAP_S = 0.0005
 
 # After a scan in which a scanner failed, the next full scan comes this soon, doubling.
 RETRY_INITIAL_S = 0.5
@@ -158,7 +164,7 @@ class ScanLoop:
                 if self._wake.is_set() and coalesce_s > 0 and not self._full_requested:
                     # Events come in bursts (a card and its nodes, a driver binding): let the
                     # burst finish so it costs one rescan.
-                    await asyncio.sleep(coalesce_s)
+                    await self._coalesce(coalesce_s)
                 self._wake.clear()
                 batch = self.listener.take()
                 if self._observe_events is not None:
@@ -183,6 +189,17 @@ class ScanLoop:
                     await self._publish_health()
         finally:
             self.listener.close()
+
+    async def _coalesce(self, most_s: float) -> None:
+        """Wait until no datagram was read for QUIET_GAP_S, or ``most_s`` at most."""
+        clock = time.monotonic  # the listener's clock
+        deadline = clock() + most_s
+        while True:
+            now = clock()
+            quiet_left = self.listener.last_read + QUIET_GAP_S - now
+            if quiet_left <= 0 or now >= deadline:
+                return
+            await asyncio.sleep(min(quiet_left, deadline - now))
 
     async def _sleep_until(self, now: Callable[[], float], next_full: float) -> None:
         """Until a wake-up, the next full scan or the next hold-down deadline."""
