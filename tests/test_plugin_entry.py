@@ -1,10 +1,10 @@
 """A plugin author's own entry point, built on ``devplug.serve``, run as a real process.
 
 The child process runs a small script that imports only devplug's public names (plus a
-StaticScanner from devplug.testing as its scanner); the kubelet simulator in this process
-sees it register, list, reload on SIGHUP and stop on SIGTERM or SIGQUIT. The script can hold
-its loader on a line of stdin (``hold: first`` or ``hold: reload``), which puts a signal at a
-known point of the start-up or of the shutdown.
+StaticScanner from devplug.testing as its scanner, and structlog to log from its loader); the
+kubelet simulator in this process sees it register, list, reload on SIGHUP and stop on SIGTERM
+or SIGQUIT. The script can hold its loader on a line of stdin (``hold: first`` or ``hold:
+reload``), which puts a signal at a known point of the start-up or of the shutdown.
 """
 
 from __future__ import annotations
@@ -25,6 +25,8 @@ import json
 import sys
 from pathlib import Path
 
+import structlog
+
 from devplug import ConfigError, DeviceInfo, DeviceNode, load_settings, serve
 from devplug.testing.harness import StaticScanner
 
@@ -33,7 +35,13 @@ CALLS = []
 
 
 def say(event, **fields):
-    print(json.dumps({"event": event, **fields}), file=sys.stderr, flush=True)
+    # The loader runs in a worker thread: once serve() has configured structlog, through it,
+    # whose lines share one lock (print() here could land between the text of one of its lines
+    # and that line's newline); before that, only this thread writes.
+    if structlog.is_configured():
+        structlog.get_logger("test").info(event, **fields)
+    else:
+        print(json.dumps({"event": event, **fields}), file=sys.stderr, flush=True)
 
 
 class Scanner(StaticScanner):
@@ -268,8 +276,9 @@ async def test_a_second_sigterm_during_shutdown_still_exits_0(
     assert process.stdin is not None
     seen: list[dict[str, object]] = []
     try:
-        await kubelet.wait_for_plugin(RESOURCE, timeout=60)
+        # Its log first: a process that ended shows why (a wait for the plugin would not).
         await read_until(process, "daemon.ready", seen)
+        await kubelet.wait_for_plugin(RESOURCE, timeout=60)
         process.send_signal(signal.SIGHUP)
         await read_until(process, "test.load.held", seen)
         process.send_signal(signal.SIGTERM)

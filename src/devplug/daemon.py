@@ -325,6 +325,11 @@ class Daemon:
         )
         self._update_stats(reloads=self._stats.value.reloads + 1)
         log.info("config.reloaded", scanners=[s.name for s in scanners], restart_needed=fixed)
+        # The full scan that publishes the new scanners' tree. The SIGHUP's own request may
+        # have been taken already: a SIGHUP during an earlier reload (refused, say) asks for
+        # this reload and for a full scan, which the loop runs right after that earlier reload,
+        # with the old scanners; nothing would publish this one's until the resync.
+        self.scan_loop.request_scan()
 
     @staticmethod
     def _refused(exc: ConfigError) -> None:

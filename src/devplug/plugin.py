@@ -8,8 +8,11 @@ when :func:`serve` runs, so that importing this module stays light: an entry poi
 Signals: SIGTERM, SIGINT and SIGQUIT stop the daemon in order (exit 0), SIGHUP reloads the
 config. :class:`SignalGuard` holds them from the first thing :func:`serve` does (or earlier,
 from :func:`guard_signals`) until it returns, so that no signal meets its default action
-(which kills) while modules import, the config loads, the daemon shuts down, or asyncio waits
-for worker threads after it.
+(which kills) while modules import, the config loads, the daemon runs or shuts down, or
+asyncio waits for worker threads after it. The guard's handlers are the only ones: handing
+the signals to the event loop's own (``loop.add_signal_handler``) and back used to leave a
+moment with the default action in between (``remove_signal_handler`` resets it), and a second
+SIGTERM right after ``daemon.stopped`` killed the process.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import asyncio
 import contextlib
 import os
 import signal
+import socket
 import sys
 import threading
 import traceback
@@ -47,9 +51,10 @@ class SignalGuard:
 
     Before the daemon runs a stop signal is remembered (nothing is served) and a SIGHUP asks
     for a reload as soon as it runs (the config may have changed after it was read). While it
-    runs, its own loop handlers take over (:func:`devplug.daemon.run_until_signalled`), and
-    give these back when it returns; a stop signal after that, while asyncio waits for worker
-    threads (a reload's loader, a scan), only says what is already happening.
+    runs (:meth:`attach`), the handlers pass each signal to it through its loop; a stop signal
+    after that, while asyncio waits for worker threads (a reload's loader, a scan), only says
+    what is already happening. The handlers stay installed throughout: never a moment with the
+    default action.
     """
 
     def __init__(self) -> None:
@@ -57,6 +62,9 @@ class SignalGuard:
         self.reload_requested = False
         self._target: tuple[asyncio.AbstractEventLoop, Daemon] | None = None
         self._previous: dict[int, Any] = {}
+        # While attached: the wakeup fd's socket pair and the wakeup fd it replaced.
+        self._wakeup: tuple[asyncio.AbstractEventLoop, socket.socket, socket.socket, int] | None
+        self._wakeup = None
 
     def install(self) -> None:
         """Take over the signals (only the main thread may: elsewhere this does nothing)."""
@@ -73,15 +81,38 @@ class SignalGuard:
         self._previous.clear()
 
     def attach(self, loop: asyncio.AbstractEventLoop, daemon: Daemon) -> None:
-        """Pass signals to ``daemon`` from now on, and those that came before it existed."""
+        """Pass signals to ``daemon`` from now on, and those that came before it existed.
+
+        Call it in the loop's thread (the main one). A Python signal handler runs in the main
+        thread once it runs bytecode; a signal the kernel gives another thread (gRPC's, a
+        worker's) while the loop waits in epoll is written to the wakeup fd, which the loop
+        reads, so that the handler runs at once (what ``loop.add_signal_handler`` does).
+        """
         self._target = (loop, daemon)
+        if threading.current_thread() is threading.main_thread() and self._wakeup is None:
+            reader, writer = socket.socketpair()
+            reader.setblocking(False)
+            writer.setblocking(False)
+            loop.add_reader(reader.fileno(), _drain, reader)
+            previous = signal.set_wakeup_fd(writer.fileno(), warn_on_full_buffer=False)
+            self._wakeup = (loop, reader, writer, previous)
         if self.stop_requested:
             daemon.request_stop()
         elif self.reload_requested:
             daemon.request_reload()
 
     def detach(self) -> None:
+        """Stop passing signals to the daemon (they are remembered again); in the loop's
+        thread, before the loop closes."""
         self._target = None
+        if self._wakeup is not None:
+            loop, reader, writer, previous = self._wakeup
+            self._wakeup = None
+            signal.set_wakeup_fd(previous)
+            if not loop.is_closed():
+                loop.remove_reader(reader.fileno())
+            reader.close()
+            writer.close()
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
         reload = signum == signal.SIGHUP
@@ -93,6 +124,13 @@ class SignalGuard:
             loop, daemon = self._target
             with contextlib.suppress(RuntimeError):  # the loop is closed: nothing to tell
                 loop.call_soon_threadsafe(daemon.request_reload if reload else daemon.request_stop)
+
+
+def _drain(reader: socket.socket) -> None:
+    """Empty the wakeup fd: waking the loop was all it was for (the handlers do the rest)."""
+    with contextlib.suppress(BlockingIOError, InterruptedError):
+        while reader.recv(4096):
+            pass
 
 
 _process_guard: SignalGuard | None = None
@@ -176,13 +214,16 @@ def run_daemon(
         return 0
     # grpc's C core logs to stderr on its own; keep its informational lines out of our JSON.
     os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
-    from devplug.daemon import Daemon, run_until_signalled
+    from devplug.daemon import Daemon
+    from devplug.ops.limits import raise_fd_limit
 
     async def main(guard: SignalGuard) -> None:
         daemon = Daemon(settings, scanners, freeze_gc=True, config_loader=reload_config)
+        # The guard's handlers pass the signals on (not the loop's own: see the module doc).
         guard.attach(asyncio.get_running_loop(), daemon)
+        raise_fd_limit()  # systemd's soft 1,024 is too few to serve under load
         try:
-            await run_until_signalled(daemon)
+            await daemon.run()
         finally:
             guard.detach()
 

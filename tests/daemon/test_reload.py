@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import signal
+import threading
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -76,6 +77,38 @@ async def test_a_good_config_is_applied_and_a_bad_one_refused(
         (warning,) = [e for e in logs if e["event"] == "config.reload.needs_restart"]
         assert warning["settings"] == ["kubelet_dir"]
         assert daemon.settings.kubelet_dir == kubelet_dir  # not applied while running
+
+
+async def test_a_reload_asked_for_during_a_refused_one_is_applied_and_published(
+    kubelet: KubeletSimulator, kubelet_dir: Path
+) -> None:
+    """Two SIGHUPs, the second while the first reload reads a bad file: the loop runs the
+    full scan both asked for right after the first (with the old scanners), then the second
+    reload; that one's scan must still publish (it used to wait for the resync)."""
+    settings = daemon_settings(kubelet_dir)
+    reading = threading.Event()
+    go = threading.Event()
+    calls: list[int] = []
+
+    def loader() -> tuple[Settings, Sequence[Scanner]]:
+        calls.append(1)
+        if len(calls) == 1:
+            reading.set()
+            assert go.wait(30)
+            raise ConfigError("scanners.generic[0].resource", "invalid resource name 'Serial'")
+        return settings, [one_device(NEW)]
+
+    async with running_daemon(settings, [one_device(OLD)], config_loader=loader) as daemon:
+        old = await kubelet.wait_for_plugin(OLD)
+        await old.wait_for_update(lambda listed: set(listed) == {"dev0"})
+        daemon.request_reload()
+        assert await asyncio.to_thread(reading.wait, 30)
+        daemon.request_reload()  # the good edit's SIGHUP, while the bad file is read
+        go.set()
+        new = await kubelet.wait_for_plugin(NEW)
+        await new.wait_for_update(lambda listed: set(listed) == {"dev0"})
+        await old.wait_for_update(lambda listed: listed == {})
+        assert len(calls) == 2
 
 
 async def test_sighup_reloads_the_config_file_of_devplug_run(
