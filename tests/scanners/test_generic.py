@@ -141,3 +141,48 @@ def test_an_empty_host_gives_an_empty_tree(host: UmockdevHost) -> None:
         UdevSource()
     )
     assert len(tree) == 0
+
+
+def test_each_subsystem_is_enumerated_once_and_matched_entry_by_entry(
+    host: UmockdevHost,
+) -> None:
+    """Many entries over one subsystem: its devices are listed once, and the tree is the one
+    the entries give scanned one by one (same devices, same order in each resource)."""
+    for index in range(4):
+        add_intel_gpu(host, f"0000:00:{index + 2:02x}.0", card=index, render=128 + index)
+    add_usb_serial(host, index=0, vendor_id="0403")
+    add_usb_serial(host, index=1, vendor_id="10c4")
+    entries: list[dict[str, object]] = [
+        {
+            "resource": f"example.com/render{index}",
+            "match": {"subsystem": "drm", "devnode": f"/dev/dri/renderD{128 + index}"},
+        }
+        for index in range(4)
+    ]
+    entries += [
+        {"resource": "example.com/cards", "match": {"subsystem": "drm", "devnode": "/dev/dri/c*"}},
+        {"resource": "example.com/tty", "match": {"subsystem": "tty"}, "shares": 2},
+        {
+            "resource": "example.com/ftdi",
+            "match": {"devnode": "/dev/ttyUSB*", "properties": {"ID_VENDOR_ID": "0403"}},
+        },
+        {"resource": "example.com/nodes", "match": {"devnode": "/dev/ttyUSB1"}},
+    ]
+    source = UdevSource()
+    listed: list[str | None] = []
+    plain = source.devices
+
+    def counted(subsystem: str | None = None, *args: object, **kwargs: object) -> object:
+        listed.append(subsystem)
+        return plain(subsystem, *args, **kwargs)  # type: ignore[arg-type]
+
+    source.devices = counted  # type: ignore[method-assign, assignment]
+    tree = scanner(*entries).scan(source)
+    assert sorted(listed, key=str) == sorted(["drm", "tty", None, None], key=str)
+    for entry in entries:
+        alone = scanner(entry).scan(UdevSource())
+        resource = str(entry["resource"])
+        assert list(tree.get(resource, {}).items()) == list(alone.get(resource, {}).items())
+    assert len(tree["example.com/cards"]) == 4 and len(tree["example.com/tty"]) == 4
+    assert list(tree["example.com/ftdi"]) == ["ttyUSB0"]
+    assert list(tree["example.com/nodes"]) == ["ttyUSB1"]

@@ -153,12 +153,26 @@ class GenericScanner:
     def scan(self, source: UdevSource) -> DeviceTree:
         builder = DeviceTreeBuilder()
         self._duplicates = False
+        # Each subsystem is enumerated once, whatever the number of entries naming it (200
+        # entries over one subsystem used to open its devices 200 times); every entry is
+        # matched against each of its devices, entry by entry as configured. An entry
+        # without a subsystem enumerates every device: its exact-match properties are pushed
+        # down to libudev, so only entries with the same ones share an enumeration.
+        found: dict[tuple[str | None, frozenset[tuple[str, str]]], list[UdevDevice]] = {}
         for entry in self.entries:
-            # Exact-match properties are pushed down to libudev; globs are checked here.
-            exact = {
-                k: v for k, v in entry.match.properties.items() if not any(c in v for c in "*?[")
-            }
-            for device in source.devices(entry.match.subsystem, exact):
+            subsystem = entry.match.subsystem
+            exact: dict[str, str] = {}
+            if subsystem is None:
+                exact = {
+                    k: v
+                    for k, v in entry.match.properties.items()
+                    if not any(c in v for c in "*?[")
+                }
+            key = (subsystem, frozenset(exact.items()))
+            devices = found.get(key)
+            if devices is None:
+                devices = found[key] = list(source.devices(subsystem, exact))
+            for device in devices:
                 self._add_device(source, entry, device, builder)
         tree = builder.build()
         self._advertised = tree
