@@ -129,42 +129,13 @@ async def traced_daemon(
                 await process.wait()
 
 
-async def _watch_with_receipt_times(self: PluginSession) -> None:
-    """PluginSession._watch, also noting when each message arrived, before the simulator
-    converts it to a dict (its timestamp comes after): bench-only, so that the simulator's
-    own parse is not charged to devplug's send."""
-    receipts: list[float] = []
-    self.receipt_times = receipts  # type: ignore[attr-defined]
-    try:
-        async for message in self.stub.ListAndWatch(pb.Empty()):
-            receipts.append(time.perf_counter())
-            listed = {
-                d.ID: ListedDevice(d.ID, d.health, tuple(n.ID for n in d.topology.nodes))
-                for d in message.devices
-            }
-            async with self._changed:
-                self.updates.append(listed)
-                self.update_times.append(time.perf_counter())
-                self._changed.notify_all()
-    except grpc.aio.AioRpcError as exc:
-        self.stream_error = f"{exc.code().name}: {exc.details()}"
-    finally:
-        self.stream_ended.set()
-        async with self._changed:
-            self._changed.notify_all()
-
-
-PluginSession._watch = _watch_with_receipt_times  # type: ignore[method-assign]
-
-
 async def receipt(session: PluginSession, seen: int, device_id: str, present: bool) -> float:
     """When the first list after the ``seen``-th with ``device_id`` present (or not) reached
-    the simulator's stream, before its conversion."""
+    the simulator's stream (its update time: noted before its conversion)."""
     await arrival(session, seen, device_id, present)
-    receipts: list[float] = session.receipt_times  # type: ignore[attr-defined]
     for index in range(seen, len(session.updates)):
         if (device_id in session.updates[index]) == present:
-            return receipts[index]
+            return session.update_times[index]
     raise AssertionError("no such list")
 
 
