@@ -24,7 +24,7 @@ from devplug import __version__
 from devplug.cli import build_parser, commands
 from devplug.model import DeviceTree
 from devplug.scanners.generic import GenericScanner
-from devplug.testing import KubeletSimulator
+from devplug.testing import KubeletSimulator, daemon_process
 from devplug.testing.umockdev import UmockdevHost, add_intel_gpu, add_usb_serial
 
 
@@ -256,3 +256,124 @@ async def test_an_unwritable_kubelet_dir_is_logged_with_its_cause(short_dir: Pat
     assert entry["error"] == (
         f"[Errno 13] cannot create a socket in {kubelet_dir}: Permission denied"
     )
+
+
+HEAVY = ("pydantic", "grpc", "pyudev", "structlog", "yaml")
+
+
+def loaded_by(*args: str, before: str = "") -> str:
+    """Run ``python -m devplug ARGS`` in a subprocess (after ``before``); its last stdout line
+    is the JSON of what it reports (the code after ``before`` sets ``report``)."""
+    code = (
+        "import json, runpy, signal, sys\n"
+        f"HEAVY = {HEAVY!r}\n"
+        "report = {}\n"
+        f"{before}"
+        f"sys.argv = ['devplug', *{list(args)!r}]\n"
+        "try:\n"
+        "    runpy.run_module('devplug', run_name='__main__', alter_sys=True)\n"
+        "except SystemExit as exc:\n"
+        "    report['exit'] = exc.code\n"
+        "report.setdefault('loaded', sorted(m for m in HEAVY if m in sys.modules))\n"
+        "print(json.dumps(report))\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        env={k: v for k, v in os.environ.items() if not k.startswith("DEVPLUG_")},
+    )
+    assert result.returncode == 0, result.stderr
+    return result.stdout.splitlines()[-1]
+
+
+@pytest.mark.parametrize("args", [["--version"], ["version"], ["--help"], ["run", "--help"]])
+def test_version_and_help_load_neither_pydantic_grpc_pyudev_nor_structlog(
+    args: list[str],
+) -> None:
+    """Issue 16: ``version`` and ``--help`` answer at once (an operator's first command, a
+    probe); the settings, the daemon and the logging load only for a command that needs them."""
+    report = json.loads(loaded_by(*args))
+    assert report == {"exit": 0, "loaded": []}
+
+
+# Records, as each heavy module is first imported, whether SIGHUP and SIGINT still had their
+# default actions (a SIGHUP then kills the process; a SIGINT is Ctrl-C).
+WATCH_IMPORTS = """
+class Watch:
+    def find_spec(self, name, path=None, target=None):
+        if name in HEAVY and name not in report:
+            report[name] = [
+                signal.getsignal(signal.SIGHUP) is signal.SIG_DFL,
+                signal.getsignal(signal.SIGINT) is signal.default_int_handler,
+            ]
+
+
+sys.meta_path.insert(0, Watch())
+"""
+
+
+def test_run_guards_its_signals_before_anything_slow_loads(tmp_path: Path) -> None:
+    """Issue 15 item 7: ``devplug run`` handles SIGHUP (a reload) before pydantic, structlog,
+    YAML or gRPC load, which takes most of its start-up; until then a SIGHUP killed it."""
+    config = tmp_path / "config.yaml"
+    config.write_text("scanners: {generic: [{resource: Serial, match: {subsystem: tty}}]}\n")
+    report = json.loads(loaded_by("run", "--config", str(config), before=WATCH_IMPORTS))
+    assert report.pop("exit") == 2  # refused config: the import of every settings module ran
+    assert set(report.pop("loaded")) >= {"pydantic", "structlog", "yaml"}
+    # Each heavy module's import found SIGHUP handled (False: not the default) and SIGINT too.
+    assert report and all(sighup is False for sighup, _ in report.values()), report
+
+
+def test_scan_keeps_ctrl_c(tmp_path: Path) -> None:
+    """Only ``run`` holds the signals early: ``scan`` (and ``status``, ``cdi generate``) stop
+    on Ctrl-C as any command does."""
+    config = tmp_path / "config.yaml"
+    config.write_text("scanners: {generic: [{resource: Serial, match: {subsystem: tty}}]}\n")
+    report = json.loads(loaded_by("scan", "--config", str(config), before=WATCH_IMPORTS))
+    report.pop("exit")
+    report.pop("loaded")
+    assert report and all(v == [True, True] for v in report.values()), report
+
+
+def sighup_caught(pid: int) -> bool:
+    """Whether the process has a handler for SIGHUP (the kernel's SigCgt mask)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("SigCgt:"):
+            return bool(int(line.split()[1], 16) & (1 << (signal.SIGHUP - 1)))
+    return False
+
+
+async def test_sighups_through_the_whole_start_up_of_run_do_not_kill_it(
+    kubelet: KubeletSimulator, kubelet_dir: Path, short_dir: Path
+) -> None:
+    """SIGHUPs from the moment the process has a handler (the interpreter's own start-up, before
+    any of devplug's code runs, cannot have one) until it serves: it survives, registers, serves
+    the config and stops with 0 on SIGTERM."""
+    config = short_dir / "config.yaml"
+    config.write_text(
+        "hotplug: {source: none}\n"
+        "scanners:\n  generic:\n"
+        "    - {resource: example.com/null, match: {subsystem: mem, devnode: /dev/null}}\n"
+    )
+    async with daemon_process(config, kubelet_dir) as process:
+        while not sighup_caught(process.pid):
+            assert process.returncode is None
+            await asyncio.sleep(0.001)  # the kernel shows it, no event tells it
+        sent = 0
+        registered = asyncio.create_task(kubelet.wait_for_plugin("example.com/null", timeout=60))
+        while not registered.done():
+            process.send_signal(signal.SIGHUP)
+            sent += 1
+            await asyncio.sleep(0.005)
+        session = await registered
+        await session.wait_for_update(lambda listed: set(listed) == {"null"})
+        assert process.returncode is None
+        process.terminate()
+        _, err = await asyncio.wait_for(process.communicate(), 30)
+    assert process.returncode == 0, err.decode()[-3000:]
+    assert sent > 1
+    events = [json.loads(line)["event"] for line in err.decode().splitlines() if line[:1] == "{"]
+    assert "config.reloaded" in events

@@ -13,41 +13,74 @@ from typing import TYPE_CHECKING, Any
 
 from devplug._version import __version__
 from devplug.errors import AllocationError, ConfigError, DevplugError, InvalidNameError
-from devplug.model import (
-    CdiEdits,
-    CdiHook,
-    ContainerAllocation,
-    DeviceInfo,
-    DeviceNode,
-    DeviceTree,
-    DeviceTreeBuilder,
-    Health,
-    Mount,
-)
-from devplug.preferred import PreferredPolicy, by_first_source, by_info, preferred_ids
-from devplug.scanners.base import (
-    Allocator,
-    ContainerPreStarter,
-    IncrementalScanner,
-    PostAllocator,
-    PreferredAllocator,
-    Reporter,
-    ResourceStarter,
-    ResourceStopper,
-    Scanner,
-)
-from devplug.scanners.incremental import TouchedPaths, TreeEdit
-from devplug.scanners.udev import UdevDevice, UdevEvent, UdevSource
 
 if TYPE_CHECKING:
     from devplug.cli import serve
     from devplug.config import SectionSettings, Settings, load_settings
+    from devplug.model import (
+        CdiEdits,
+        CdiHook,
+        ContainerAllocation,
+        DeviceInfo,
+        DeviceNode,
+        DeviceTree,
+        DeviceTreeBuilder,
+        Health,
+        Mount,
+    )
+    from devplug.preferred import PreferredPolicy, by_first_source, by_info, preferred_ids
+    from devplug.scanners.base import (
+        Allocator,
+        ContainerPreStarter,
+        IncrementalScanner,
+        PostAllocator,
+        PreferredAllocator,
+        Reporter,
+        ResourceStarter,
+        ResourceStopper,
+        Scanner,
+    )
+    from devplug.scanners.incremental import TouchedPaths, TreeEdit
+    from devplug.scanners.udev import UdevDevice, UdevEvent, UdevSource
 
-# Loaded on first use: they bring pydantic and YAML, which scanners and their tests do not need.
+# Loaded on first use, each from its module: ``import devplug`` (what the command line's
+# ``version`` and ``--help`` import, and a scanner's first line) brings neither pyudev nor
+# asyncio, pydantic or YAML. Only the version and the errors are eager.
 _LAZY = {
-    "SectionSettings": "devplug.config",
-    "Settings": "devplug.config",
-    "load_settings": "devplug.config",
+    **dict.fromkeys(
+        (
+            "CdiEdits",
+            "CdiHook",
+            "ContainerAllocation",
+            "DeviceInfo",
+            "DeviceNode",
+            "DeviceTree",
+            "DeviceTreeBuilder",
+            "Health",
+            "Mount",
+        ),
+        "devplug.model",
+    ),
+    **dict.fromkeys(
+        ("PreferredPolicy", "by_first_source", "by_info", "preferred_ids"), "devplug.preferred"
+    ),
+    **dict.fromkeys(
+        (
+            "Allocator",
+            "ContainerPreStarter",
+            "IncrementalScanner",
+            "PostAllocator",
+            "PreferredAllocator",
+            "Reporter",
+            "ResourceStarter",
+            "ResourceStopper",
+            "Scanner",
+        ),
+        "devplug.scanners.base",
+    ),
+    **dict.fromkeys(("TouchedPaths", "TreeEdit"), "devplug.scanners.incremental"),
+    **dict.fromkeys(("UdevDevice", "UdevEvent", "UdevSource"), "devplug.scanners.udev"),
+    **dict.fromkeys(("SectionSettings", "Settings", "load_settings"), "devplug.config"),
     "serve": "devplug.cli",
 }
 
@@ -59,6 +92,10 @@ def __getattr__(name: str) -> Any:
     value = getattr(import_module(module), name)
     globals()[name] = value
     return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_LAZY})
 
 
 __all__ = [

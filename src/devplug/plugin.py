@@ -1,9 +1,9 @@
 """Serving scanners as a device plugin daemon: what ``devplug run`` does, for an entry point of
 a plugin author's own (``devplug run`` knows only the built-in scanners).
 
-The daemon itself (and with it gRPC), the settings (pydantic) and structlog are imported
-when :func:`serve` runs, so that importing this module stays light: an entry point can call
-:func:`guard_signals` before anything slow.
+The daemon itself (and with it gRPC), asyncio, the settings (pydantic) and structlog are
+imported when :func:`serve` runs, so that importing this module stays light: an entry point
+(``devplug run`` among them) can call :func:`guard_signals` before anything slow.
 
 Signals: SIGTERM, SIGINT and SIGQUIT stop the daemon in order (exit 0), SIGHUP reloads the
 config. :class:`SignalGuard` holds them from the first thing :func:`serve` does (or earlier,
@@ -17,14 +17,12 @@ SIGTERM right after ``daemon.stopped`` killed the process.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import os
 import signal
 import socket
 import sys
 import threading
-import traceback
 from collections.abc import Callable, Iterator, Sequence
 from types import FrameType
 from typing import TYPE_CHECKING, Any
@@ -32,6 +30,8 @@ from typing import TYPE_CHECKING, Any
 from devplug.errors import ConfigError
 
 if TYPE_CHECKING:
+    import asyncio
+
     from devplug.config import Settings
     from devplug.daemon import Daemon
     from devplug.scanners.base import Scanner
@@ -186,6 +186,8 @@ def serve(load: Loader, *, program: str = "devplug") -> int:
             # A bug in the loader, not a wrong config: the traceback is what its author needs
             # (logging is not configured yet).
             print(f"{program}: cannot start: loading the configuration failed", file=sys.stderr)
+            import traceback
+
             traceback.print_exc()
             return 1
         from devplug.logconfig import configure
@@ -207,6 +209,8 @@ def run_daemon(
     if guard is None:
         with _guarded() as guard:
             return run_daemon(settings, scanners, reload_config, program=program, guard=guard)
+    import asyncio
+
     import structlog
 
     if guard.stop_requested:
