@@ -132,12 +132,15 @@ def live_holder(tmp_path: Path) -> Iterator[str]:
             holder.kill()
 
 
-def exhaust_fds() -> list[int]:
-    """Take every fd this process may still open (open() fails with EMFILE after this)."""
+def exhaust_fds(directory: Path) -> list[int]:
+    """Take every fd this process may still open (open() fails with EMFILE after this). A
+    plain file, not /dev/null: umockdev's preload keeps fds of its own for paths under /dev."""
+    target = directory / "fd-filler"
+    target.touch()
     fds = []
     with contextlib.suppress(OSError):
         while True:
-            fds.append(os.open("/dev/null", os.O_RDONLY))
+            fds.append(os.open(target, os.O_RDONLY))
     return fds
 
 
@@ -145,7 +148,7 @@ async def test_a_live_owner_is_alive_even_when_its_lock_cannot_be_opened(
     tmp_path: Path, live_holder: str
 ) -> None:
     assert await owner_alive(tmp_path, live_holder)
-    fds = exhaust_fds()
+    fds = exhaust_fds(tmp_path)
     try:
         alive = await owner_alive(tmp_path, live_holder)
     finally:
