@@ -13,7 +13,7 @@ process: ``time.perf_counter``), giving per stage p50 / p99 / max:
     health gate  HealthGate.gate over the scanners' tree
     publish      Daemon._publish: diff + new map to the server, metrics, CDI hand-over, stats
     wake         publish -> the ListAndWatch stream runs (task switch)
-    message      the stream's message: ListMessageBuilder.build + ByteSize
+    message      the stream's message: ListMessageBuilder.build + its size
     serialize    grpc's call of SerializeToString
     send         serialized -> the message reached the kubelet simulator's stream (taken
                  before the simulator converts it to a dict, which at 10,000 devices costs
@@ -76,7 +76,7 @@ STAGES = (
     "  apply (diff + push)",
     "  metrics",
     "wake",
-    "message (build+ByteSize)",
+    "message (build+size)",
     "  build",
     "serialize",
     "send",
@@ -184,14 +184,14 @@ def split(records: Sequence[Record], started: float, arrived: float) -> dict[str
         "  apply (diff + push)": sum(_dur(r) for r in during if r[0] == "apply"),
         "  metrics": sum(_dur(r) for r in during if r[0] == "metrics"),
         "wake": max(0.0, last_message[1] - publish[2]),
-        "message (build+ByteSize)": _dur(last_message),
+        "message (build+size)": _dur(last_message),
         "  build": _dur(builds[-1]) if builds else 0.0,
         "serialize": _dur(last_serialize),
         "send": arrived - last_serialize[2],
         "total": arrived - started,
     }
     top = ("event read", "coalesce", "rescan", "health gate", "publish", "wake")
-    accounted = sum(stages[s] for s in top) + stages["message (build+ByteSize)"]
+    accounted = sum(stages[s] for s in top) + stages["message (build+size)"]
     accounted += stages["serialize"] + stages["send"]
     stages["unaccounted"] = stages["total"] - accounted
     return stages

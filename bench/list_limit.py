@@ -5,7 +5,7 @@ id is a unit of its own (its own DeviceInfo), as with the generic scanner withou
 ``--shares S`` groups them S to a DeviceInfo instead, as a GPU's shares are:
 
 - floor: building the ListAndWatchResponse of the same devices with protobuf (what the
-  servicer does for every changed list) and taking its ByteSize;
+  servicer did for every changed list before it kept encoded entries) and taking its ByteSize;
 - changed map: ``ListLimit.fit`` of a tree whose map is new to a limit that has seen nothing
   (the first scan, or the worst case of a changed resource): under 80 % of the limit an upper
   bound suffices; from 80 % every id is counted, and past the limit the ids are also grouped

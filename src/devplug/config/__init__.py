@@ -155,10 +155,10 @@ class CdiSettings(StrictModel):
     twice). Env is always returned in Allocate: specs do not carry it. ``keep_on_exit``:
     leave the specs in place when devplug stops. ``kinds``: resource -> CDI kind, where the
     resource name itself is not the kind wanted.
-    ``instance``: written into each spec's ownership record (in ``.devplug/``); start-up clean-up removes only this instance's old
-    specs. Defaults to the configured scanners' names, so two devplug DaemonSets with
-    different scanners sharing a CDI dir leave each other's specs alone; set it when two
-    instances run the same scanners.
+    ``instance``: written into each spec's ownership record (in ``.devplug/``); start-up
+    clean-up removes only this instance's old specs. Defaults to the configured scanners'
+    names, so two devplug DaemonSets with different scanners sharing a CDI dir leave each
+    other's specs alone; set it when two instances run the same scanners.
     """
 
     enabled: bool = True
