@@ -41,6 +41,7 @@ from hypothesis import strategies as st
 from devplug._proto import deviceplugin_v1beta1_pb2 as pb
 from devplug.daemon import Daemon
 from devplug.errors import AllocationError
+from devplug.kubelet.servicer import MAX_STREAMS
 from devplug.model import ContainerAllocation, DeviceInfo, DeviceNode, DeviceTree, Health
 from devplug.scanners.base import Scanner
 from devplug.scanners.intel_gpu import (
@@ -559,10 +560,21 @@ class Fuzzer:
     def check_example(self, calls: Sequence[Call]) -> None:
         self.examples += 1
         answers = self.run(self._send_all(calls))
+        # Streams one server keeps open at once (the kubelet's own among them): an example
+        # opening more at the same time may find the cap reached, unless earlier ones have
+        # closed meanwhile.
+        lists = Counter(call.resource for call in calls if call.rpc == "list")
         for call, answer in zip(calls, answers, strict=True):
             self.calls[f"{call.rpc} {call.resource}"] += 1
             self.codes[f"{call.rpc} {answer.code}"] += 1
             self.slowest = max(self.slowest, (answer.seconds, repr(call)))
+            if (
+                call.rpc == "list"
+                and lists[call.resource] + 1 > MAX_STREAMS
+                and answer.code == "RESOURCE_EXHAUSTED"
+                and "ListAndWatch streams are open already" in answer.details
+            ):
+                continue
             check_answer(call, answer)
 
     async def _send_all(self, calls: Sequence[Call]) -> list[Answer]:
