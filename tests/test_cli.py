@@ -217,9 +217,10 @@ async def test_an_unwritable_kubelet_dir_is_logged_with_its_cause(short_dir: Pat
     if os.geteuid() == 0:
         setpriv = shutil.which("setpriv")
         if setpriv is None:
-            pytest.skip("as root, needs setpriv (util-linux) to run devplug as nobody")
-        command = [setpriv, "--reuid=65534", "--regid=65534", "--clear-groups", *command]
-        short_dir.chmod(0o755)  # nobody may enter, but not write in kubelet/
+            pytest.skip("as root, needs setpriv (util-linux) to drop DAC override")
+        # Still root (so the venv may sit in /root), but without the capabilities that let
+        # root ignore permission bits: the 0555 kubelet dir refuses it as it would anyone.
+        command = [setpriv, "--bounding-set=-dac_override,-dac_read_search", *command]
     config = short_dir / "config.yaml"
     config.write_text("scanners:\n  generic:\n    - resource: example.com/null\n"
                       "      match: {subsystem: mem, devnode: /dev/null}\n")  # fmt: skip

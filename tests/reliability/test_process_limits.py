@@ -116,9 +116,10 @@ async def test_idle_metrics_connections_cannot_use_up_the_daemons_fds(
                 while not all(closed(client) for client in clients):
                     peak = max(peak, open_fds(process.pid))
                     await asyncio.sleep(0.02)
-            # Served ones, plus accept batches (the backlog each) not yet closed: a constant,
-            # whatever the number of clients.
-            most = 4 * MAX_CONNECTIONS + 8
+            # Only the served ones: the others wait in the kernel's backlog, however many
+            # clients there are and however busy the loop is (a little slack for the fds the
+            # daemon opens meanwhile for other work).
+            most = MAX_CONNECTIONS + 8
             assert peak <= baseline + most, f"{peak - baseline} fds for {idle} connections"
         finally:
             for client in clients:

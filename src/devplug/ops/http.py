@@ -6,16 +6,18 @@ loop does (the handler runs on it); ``/readyz`` is 200 once every advertised res
 registered with the kubelet, 503 with the missing ones otherwise.
 
 The port is unauthenticated, so no client may starve the daemon through it: at most
-``MAX_CONNECTIONS`` connections are served at once (the rest are closed as soon as they are
-accepted, so each costs a file descriptor only for that moment), and each connection, reading
-and writing included, is cut after ``CONNECTION_TIMEOUT_S``. The listen backlog equals the cap:
-more connections wait in the kernel (costing the daemon nothing), and the descriptors open
-in the daemon stay a small multiple of the cap however many clients connect.
+``MAX_CONNECTIONS`` connections are served at once, each cut after ``CONNECTION_TIMEOUT_S``,
+reading and writing included. Connections are accepted one at a time, and one that finds
+every slot taken is closed at once, before the next is accepted; the others wait in the
+kernel's listen backlog. So the descriptors the endpoint holds never exceed the cap plus the
+listening socket and one being closed, however many clients connect and however busy the loop.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import socket
 from collections.abc import Callable
 
 import structlog
@@ -47,7 +49,9 @@ class StatusEndpoint:
         self.host, self.port = host, port
         self._metrics = metrics
         self._not_ready = not_ready
-        self._server: asyncio.Server | None = None
+        self._listener: socket.socket | None = None
+        self._accepting: asyncio.Task[None] | None = None
+        self._serving: set[asyncio.Task[None]] = set()
         self.max_connections = max_connections
         self.timeout_s = timeout_s
         self.active = 0  # connections being served now
@@ -55,43 +59,84 @@ class StatusEndpoint:
         self._capped = ProblemLog()
 
     async def start(self) -> None:
-        # The backlog is also how many connections asyncio accepts per loop pass, before any
-        # handler has run: kept at the cap, the descriptors open at once stay a small multiple
-        # of it (a batch being served, a batch being closed, a batch just accepted).
-        self._server = await asyncio.start_server(
-            self._handle,
-            self.host,
-            self.port,
-            limit=MAX_HEADER_BYTES,
-            backlog=self.max_connections,
-        )
-        sockets = self._server.sockets
-        if sockets and self.port == 0:
-            self.port = sockets[0].getsockname()[1]  # the one the OS chose (tests)
+        loop = asyncio.get_running_loop()
+        family, kind, proto, _, address = (
+            await loop.getaddrinfo(self.host, self.port, type=socket.SOCK_STREAM)
+        )[0]
+        listener = socket.socket(family, kind, proto)
+        try:
+            listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            listener.bind(address)
+            listener.listen(self.max_connections)
+            listener.setblocking(False)
+        except OSError:
+            listener.close()
+            raise
+        self._listener = listener
+        if self.port == 0:
+            self.port = listener.getsockname()[1]  # the one the OS chose (tests)
+        self._accepting = asyncio.create_task(self._accept_loop(), name="http-accept")
         log.info("http.listening", address=f"{self.host}:{self.port}")
 
     async def close(self) -> None:
-        if self._server is not None:
-            self._server.close()
-            await self._server.wait_closed()
-            self._server = None
+        if self._accepting is not None:
+            self._accepting.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._accepting
+            self._accepting = None
+        for task in list(self._serving):
+            task.cancel()
+        if self._serving:
+            await asyncio.gather(*self._serving, return_exceptions=True)
+        if self._listener is not None:
+            self._listener.close()
+            self._listener = None
+
+    async def _accept_loop(self) -> None:
+        """Accept one connection at a time: serve it if a slot is free, else close it at once,
+        here, before the next accept (so a closed one holds its fd for microseconds, and a
+        busy loop never piles up accepted connections waiting for a handler)."""
+        assert self._listener is not None
+        loop = asyncio.get_running_loop()
+        while True:
+            try:
+                connection, _ = await loop.sock_accept(self._listener)
+            except OSError as exc:  # EMFILE and the like: try again shortly
+                log.warning("http.accept.failed", reason=str(exc))
+                await asyncio.sleep(0.1)
+                continue
+            if self.active >= self.max_connections:
+                connection.close()
+                self.refused += 1
+                self._capped.report(
+                    log,
+                    "http.connections.capped",
+                    f"{self.max_connections} connections open",
+                    level="warning",
+                    field="state",
+                    consequence="new connections are closed until some end",
+                )
+                continue
+            if self._capped.solved():
+                log.info("http.connections.below_cap", refused=self.refused)
+            self.active += 1  # counted here: the next accept must see it
+            task = asyncio.create_task(self._serve(connection))
+            self._serving.add(task)
+            task.add_done_callback(self._serving.discard)
+
+    async def _serve(self, connection: socket.socket) -> None:
+        try:
+            reader, writer = await asyncio.open_connection(sock=connection, limit=MAX_HEADER_BYTES)
+        except OSError:
+            connection.close()
+            self.active -= 1
+            return
+        try:
+            await self._handle(reader, writer)
+        finally:
+            self.active -= 1
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        if self.active >= self.max_connections:
-            self.refused += 1
-            self._capped.report(
-                log,
-                "http.connections.capped",
-                f"{self.max_connections} connections open",
-                level="warning",
-                field="state",
-                consequence="new connections are closed until some end",
-            )
-            writer.transport.abort()
-            return
-        if self._capped.solved():
-            log.info("http.connections.below_cap", refused=self.refused)
-        self.active += 1
         try:
             async with asyncio.timeout(self.timeout_s):
                 request = await reader.readuntil(b"\r\n\r\n")
@@ -114,8 +159,9 @@ class StatusEndpoint:
             # A client that sends nothing sensible, or does not read, gets nothing more; abort
             # drops whatever is still buffered for it at once.
             writer.transport.abort()
-        finally:
-            self.active -= 1
+        except asyncio.CancelledError:
+            writer.transport.abort()  # shutting down
+            raise
 
     def _answer(self, method: str, path: str) -> tuple[str, str, bytes]:
         if method not in ("GET", "HEAD"):
