@@ -16,6 +16,7 @@ import errno
 import os
 import stat
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import NamedTuple
 
@@ -79,6 +80,30 @@ def check_spec_file_name(file_name: str) -> None:
         raise ValueError(f"not a spec file name: {file_name!r}")
 
 
+class _Aside(NamedTuple):
+    path: str  # the temp file's name
+    fd: int  # its descriptor, open while the block runs
+
+
+@contextlib.asynccontextmanager
+async def _written_aside(directory: Path, data: bytes, mode: int) -> AsyncIterator[_Aside]:
+    """``data`` in a new temp file in ``directory``, flushed, given ``mode`` and fsynced; the
+    block puts it into place. The temp name is removed if the block fails."""
+    async with aiofiles.tempfile.NamedTemporaryFile(
+        "wb", dir=directory, prefix=TEMP_PREFIX, delete=False
+    ) as temp:
+        aside = _Aside(str(temp.name), temp.fileno())
+        try:
+            await temp.write(data)
+            await temp.flush()
+            await _fchmod(aside.fd, mode)
+            await _fsync(aside.fd)
+            yield aside
+        except BaseException:
+            await _discard(aside.path)
+            raise
+
+
 async def write_atomically(
     directory: Path, file_name: str, data: bytes, mode: int = SPEC_MODE
 ) -> FileStamp:
@@ -88,22 +113,11 @@ async def write_atomically(
     Not safe to cancel half way (the rename may still happen in its worker thread): callers
     that can be cancelled shield it.
     """
-    async with aiofiles.tempfile.NamedTemporaryFile(
-        "wb", dir=directory, prefix=TEMP_PREFIX, delete=False
-    ) as temp:
-        temp_path = str(temp.name)
-        try:
-            await temp.write(data)
-            await temp.flush()
-            await _fchmod(temp.fileno(), mode)
-            await _fsync(temp.fileno())
-            await aiofiles.os.replace(temp_path, directory / file_name)
-            # Stamped from the open file after the rename (which sets its ctime), not from
-            # the name: someone may delete the file in between.
-            written = stamp_of(await _fstat(temp.fileno()))
-        except BaseException:
-            await _discard(temp_path)
-            raise
+    async with _written_aside(directory, data, mode) as aside:
+        await aiofiles.os.replace(aside.path, directory / file_name)
+        # Stamped from the open file after the rename (which sets its ctime), not from the
+        # name: someone may delete the file in between.
+        written = stamp_of(await _fstat(aside.fd))
     await fsync_dir(directory)
     return written
 
@@ -113,26 +127,15 @@ async def create_exclusively(
 ) -> FileStamp | None:
     """Create ``directory/file_name`` holding ``data`` unless the name exists (atomically:
     written aside, then hard-linked into place); return its stamp, None if it existed."""
-    async with aiofiles.tempfile.NamedTemporaryFile(
-        "wb", dir=directory, prefix=TEMP_PREFIX, delete=False
-    ) as temp:
-        temp_path = str(temp.name)
+    async with _written_aside(directory, data, mode) as aside:
         try:
-            await temp.write(data)
-            await temp.flush()
-            await _fchmod(temp.fileno(), mode)
-            await _fsync(temp.fileno())
-            try:
-                await aiofiles.os.link(temp_path, directory / file_name)
-            except FileExistsError:
-                return None
-            finally:
-                await _discard(temp_path)
-            # After link and unlink (both set the inode's ctime).
-            written = stamp_of(await _fstat(temp.fileno()))
-        except BaseException:
-            await _discard(temp_path)
-            raise
+            await aiofiles.os.link(aside.path, directory / file_name)
+        except FileExistsError:
+            return None
+        finally:
+            await _discard(aside.path)
+        # After link and unlink (both set the inode's ctime).
+        written = stamp_of(await _fstat(aside.fd))
     await fsync_dir(directory)
     return written
 
