@@ -36,7 +36,6 @@ import contextlib
 import gc
 import json
 import os
-import signal
 import sys
 import time
 from collections import defaultdict
@@ -58,6 +57,7 @@ from bench.hotplug import SETTLE_S, arrival, new_gpu
 from devplug._proto import deviceplugin_v1beta1_pb2 as pb
 from devplug._proto import deviceplugin_v1beta1_pb2_grpc as pb_grpc
 from devplug.testing import KubeletSimulator
+from devplug.testing.harness import daemon_process
 from devplug.testing.simulator import ListedDevice, PluginSession
 from devplug.testing.umockdev import UmockdevHost
 
@@ -95,38 +95,14 @@ async def traced_daemon(
     """``devplug run`` through bench.traced_daemon; the trace is written when it exits."""
     config = kubelet_dir.parent / "config.yaml"
     config.write_text(config_text)
-    process = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "bench.traced_daemon",
-        "run",
-        "--config",
-        str(config),
-        "--kubelet-dir",
-        str(kubelet_dir),
-        "--cdi-dir",
-        str(kubelet_dir.parent / "cdi"),
-        "--log-format",
-        "json",
-        stdout=asyncio.subprocess.DEVNULL,
-        stderr=asyncio.subprocess.DEVNULL,
-        env={
-            **os.environ,
-            **host.env(),
-            "DEVPLUG_TRACE": str(trace),
-        },
-    )
-    try:
+    async with daemon_process(
+        config,
+        kubelet_dir,
+        env={**host.env(), "DEVPLUG_TRACE": str(trace)},
+        output=asyncio.subprocess.DEVNULL,
+        module="bench.traced_daemon",
+    ) as process:
         yield process
-    finally:
-        if process.returncode is None:
-            process.send_signal(signal.SIGTERM)
-            try:
-                async with asyncio.timeout(30):
-                    await process.wait()
-            except TimeoutError:
-                process.kill()
-                await process.wait()
 
 
 async def receipt(session: PluginSession, seen: int, device_id: str, present: bool) -> float:

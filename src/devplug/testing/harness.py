@@ -112,16 +112,18 @@ async def daemon_process(
     *args: str,
     env: Mapping[str, str] | None = None,
     output: int | None = asyncio.subprocess.PIPE,
+    module: str = "devplug",
 ) -> AsyncIterator[asyncio.subprocess.Process]:
     """``devplug run`` as a child process (JSON logs on stderr), stopped with SIGTERM on exit.
 
     ``env`` is added to this process's environment: pass ``UmockdevHost.env()`` to let the
     daemon see mock hardware. ``output`` is where stdout and stderr go (PIPE to read them).
+    ``module``: run as ``python -m <module> run ...`` (an entry point wrapping devplug's).
     """
     process = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
-        "devplug",
+        module,
         "run",
         "--config",
         str(config),
