@@ -3,7 +3,14 @@ from __future__ import annotations
 import pytest
 
 from devplug.errors import InvalidNameError
-from devplug.model import DeviceInfo, DeviceNode, DeviceTree, DeviceTreeBuilder, Health, Mount
+from devplug.model import (
+    DeviceInfo,
+    DeviceNode,
+    DeviceTree,
+    DeviceTreeBuilder,
+    Health,
+    Mount,
+)
 
 
 def test_device_node_defaults_and_normalises() -> None:
@@ -153,3 +160,34 @@ def test_edit_since_tells_what_with_changes_changed_and_only_for_its_base() -> N
     # A resource the edit creates, or empties, has no edit.
     new = tree.with_changes([(b, "z")], {"example.com/c": {"q": DeviceInfo()}})
     assert new.edit_since("example.com/c", tree[a]) is None and b not in new
+
+
+def test_a_further_change_keeps_the_edits_of_the_maps_it_does_not_touch() -> None:
+    """A health gate overrides a few devices of one resource in a tree the scanners edited:
+    the other resources' maps are the very same, so their edits must survive, or everything
+    kept per device of them (the ListAndWatch message) is redone from scratch."""
+    a, b = "example.com/a", "example.com/b"
+    tree = DeviceTree({a: {"x": DeviceInfo()}, b: {"z": DeviceInfo()}})
+    scanned = tree.with_changes([(b, "z")], {b: {"z": DeviceInfo(), "q": DeviceInfo()}})
+    gated = scanned.with_changes([(a, "x")], {a: {"x": DeviceInfo(health=Health.UNHEALTHY)}})
+    edit = gated.edit_since(b, tree[b])
+    assert edit is not None and edit == scanned.edit_since(b, tree[b])
+    # The touched map's edit is the new one (from ``scanned``'s map, the same as tree's here).
+    touched = gated.edit_since(a, scanned[a])
+    assert touched is not None and touched.removed == {"x"} and touched.added == {"x"}
+    # A map the change empties and fills again from nothing keeps no stale edit.
+    emptied = scanned.with_changes([(b, "z"), (b, "q")], {})
+    refilled = emptied.with_changes([], {b: {"z": DeviceInfo()}})
+    assert refilled.edit_since(b, tree[b]) is None
+
+
+def test_with_maps_of_takes_the_named_maps_and_their_edits() -> None:
+    a, b, c = "example.com/a", "example.com/b", "example.com/c"
+    tree = DeviceTree({a: {"x": DeviceInfo()}, b: {"y": DeviceInfo()}, c: {"w": DeviceInfo()}})
+    scanned = tree.with_changes([(a, "x")], {a: {"x": DeviceInfo()}, b: {"v": DeviceInfo()}})
+    other = tree.with_changes([(b, "y"), (c, "w")], {b: {"y": DeviceInfo(health=Health.UNHEALTHY)}})
+    mixed = scanned.with_maps_of(other, [b, c])
+    assert mixed[a] is scanned[a] and mixed.edit_since(a, tree[a]) == scanned.edit_since(a, tree[a])
+    assert mixed[b] is other[b] and mixed.edit_since(b, tree[b]) == other.edit_since(b, tree[b])
+    assert mixed.edit_since(b, tree[b]) is not None
+    assert c not in mixed  # ``other`` has no map for it

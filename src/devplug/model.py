@@ -285,6 +285,30 @@ class DeviceTree(Mapping[str, Mapping[str, DeviceInfo]]):
                     )
             else:
                 resources.pop(name, None)
+        # An untouched map is this tree's very map: the edit this tree knows of it still holds.
+        kept = {name: edit for name, edit in self._edits.items() if name not in touched}
+        return self._of(resources, {**kept, **edits})
+
+    def with_maps_of(self, other: DeviceTree, names: Iterable[str]) -> DeviceTree:
+        """This tree with the maps of the resources ``names`` taken from ``other`` (dropped
+        where ``other`` has none), each with the edit ``other`` knows of it.
+
+        For a tree whose few resources were rebuilt from another tree than this one (a health
+        gate rebuilds the maps with held-down devices from what it published last, so that
+        their edits lead from there) while the rest stay this tree's very maps and edits.
+        """
+        resources = dict(self._resources)
+        edits = dict(self._edits)
+        for name in names:
+            edits.pop(name, None)
+            devices = other._resources.get(name)
+            if devices is None:
+                resources.pop(name, None)
+                continue
+            resources[name] = devices
+            edit = other._edits.get(name)
+            if edit is not None:
+                edits[name] = edit
         return self._of(resources, edits)
 
     def merged(self, other: DeviceTree) -> DeviceTree:

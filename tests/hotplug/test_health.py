@@ -277,12 +277,31 @@ def test_next_deadline_is_none_without_held_devices(gate: HealthGate) -> None:
     assert gate.next_deadline() is None
 
 
+def assert_edits_lead_from(last: DeviceTree, out: DeviceTree) -> None:
+    """Each of ``out``'s maps that is not ``last``'s very map knows its edit from it, and the
+    edit is true: ``last``'s map with the removed ids taken out and the added ones put in
+    is the new map, every id outside the edit being the very same object in both."""
+    for resource, devices in out.items():
+        before = last.get(resource)
+        if before is None or before is devices:
+            continue
+        edit = out.edit_since(resource, before)
+        assert edit is not None, f"{resource}: no edit from the map published last"
+        rebuilt = {i: d for i, d in before.items() if i not in edit.removed}
+        rebuilt.update((i, devices[i]) for i in edit.added)
+        assert rebuilt == dict(devices)
+        for device_id in devices.keys() - edit.added:
+            assert devices[device_id] is before[device_id]
+
+
 def test_gating_edits_matches_full_passes_through_random_walks() -> None:
     """Random walks of tree edits (health flips, re-reads giving equal devices, removals,
     additions, resources coming and going, hold-down deadlines, trees that know no edit):
     a gate given the edited trees, which looks at the edited and held-down devices only,
     publishes what a gate given the same trees without their edits (a full pass every time)
-    publishes, and keeps the same memory."""
+    publishes, and keeps the same memory; and what it publishes of an edited tree states its
+    edit from what it published last, held-down devices or not, so that the ListAndWatch
+    message and the metrics follow the edit instead of redoing every device."""
     import random
 
     names = ["example.com/a", "example.com/b"]
@@ -296,6 +315,9 @@ def test_gating_edits_matches_full_passes_through_random_walks() -> None:
             return healthy() if rng.random() < 0.6 else unhealthy(rng.choice(reasons))
 
         raw = DeviceTree({names[0]: {str(i): info() for i in range(rng.randrange(1, 8))}})
+        last_out = edited.gate(raw)
+        full.gate(DeviceTree(raw))
+        ever_held = bool(edited._healthy_since)
         for _ in range(120):
             removed = [(r, i) for r in raw for i in raw[r] if rng.random() < 0.2]
             added: dict[str, dict[str, DeviceInfo]] = {}
@@ -323,10 +345,18 @@ def test_gating_edits_matches_full_passes_through_random_walks() -> None:
             else:
                 raw = raw.with_changes(removed, added)
             clock.now += rng.choice([0, 0.5, 1, 3, HOLD_DOWN / 2, HOLD_DOWN])
+            knew_edit = step >= 0.2
+            # Once a device is held down, its resource is rebuilt from what was published
+            # until a full scan (a tree that knows no edit) starts afresh.
+            ever_held = ever_held and not 0.15 <= step < 0.2
             out = edited.gate(raw)
             assert out == full.gate(DeviceTree(raw))
-            if not edited._healthy_since:
+            ever_held = ever_held or bool(edited._healthy_since)
+            if not ever_held:
                 assert out is raw
+            if knew_edit:
+                assert_edits_lead_from(last_out, out)
+            last_out = out
             assert edited._published == full._published
             assert edited._healthy_since == full._healthy_since
             assert edited._last_reason == full._last_reason

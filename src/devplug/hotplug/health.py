@@ -10,7 +10,6 @@ Added and removed devices are never held: only health is debounced.
 from __future__ import annotations
 
 import dataclasses
-import itertools
 import time
 from collections.abc import Callable, Mapping
 
@@ -24,6 +23,10 @@ _Key = tuple[str, str]
 # One resource's edit since the tree gated last: the ids gone or re-read, the ids put in.
 _Edit = tuple[frozenset[str], frozenset[str]]
 CLOCK_SLACK_S = 0.001
+
+
+def _pairs(held: Mapping[str, Mapping[str, DeviceInfo]]) -> list[_Key]:
+    return [(resource, device_id) for resource, ids in held.items() for device_id in ids]
 
 
 class HealthGate:
@@ -43,8 +46,11 @@ class HealthGate:
         # were unhealthy (kept in the reason while they are held down).
         self._healthy_since: dict[_Key, float] = {}
         self._last_reason: dict[_Key, str] = {}
-        # The scanners' tree gated last: the next one may be an edit of it.
+        # The scanners' tree gated last (the next one may be an edit of it), what the gate
+        # published of it, and the ids it held down then.
         self._last_raw: DeviceTree | None = None
+        self._last_gated: DeviceTree | None = None
+        self._last_held: dict[str, frozenset[str]] = {}
 
     def now(self) -> float:
         """The gate's clock (``next_deadline`` is in its time)."""
@@ -60,15 +66,58 @@ class HealthGate:
         """The tree to advertise for the scanners' ``raw`` tree, at the current time."""
         now = self._clock()
         edits = self._edits_since_last(raw)
-        self._last_raw = raw
-        held = self._full_pass(raw, now) if edits is None else self._edited_pass(raw, edits, now)
-        if not held:
+        last_raw, self._last_raw = self._last_raw, raw
+        last = self._last_gated
+        if edits is None or last is None or last_raw is None:
+            held = self._full_pass(raw, now)
+            # Only the held-down devices differ from what the scanners reported.
+            gated = raw.with_changes(_pairs(held), held) if held else raw
+        else:
+            held = self._edited_pass(raw, edits, now)
+            gated = self._edited_tree(raw, last, last_raw, edits, held)
+        self._last_gated = gated
+        self._last_held = {resource: frozenset(ids) for resource, ids in held.items()}
+        return gated
+
+    def _edited_tree(
+        self,
+        raw: DeviceTree,
+        last: DeviceTree,
+        last_raw: DeviceTree,
+        edits: Mapping[str, _Edit],
+        held: Mapping[str, Mapping[str, DeviceInfo]],
+    ) -> DeviceTree:
+        """What to publish of ``raw``, an edit of the scanners' tree gated last (``last_raw``),
+        given what was published of that (``last``).
+
+        A resource whose last published map was the scanners' very map, with no device held
+        down now, is published as the scanners' map: its edit leads from the map published
+        last. Any other is rebuilt from the map published last, so that its edit too leads
+        from there: built from the scanners' map instead, its edit would lead from a map the
+        kubelet never saw, and whoever keeps something per device published (the ListAndWatch
+        message, metrics) would redo every device on every event of a hold-down. (Such a
+        resource stays rebuilt until a full scan: the scanners' maps no longer lead from it.)
+        The ids that may differ from the map published last are the edited ones and those
+        held now or last time; every other id is the scanners' very same object in both.
+        """
+        involved = held.keys() | self._last_held.keys()
+        involved |= {name for name, devices in last.items() if devices is not last_raw.get(name)}
+        if not involved:
             return raw
-        # Only the held-down devices differ from what the scanners reported.
-        return raw.with_changes(
-            [key for resource, ids in held.items() for key in zip(itertools.repeat(resource), ids)],
-            held,
-        )
+        removed: list[tuple[str, str]] = []
+        added: dict[str, dict[str, DeviceInfo]] = {}
+        for resource in involved:
+            before = last.get(resource, {})
+            devices = raw.get(resource, {})
+            held_here = held.get(resource, {})
+            gone, put = edits.get(resource, (frozenset(), frozenset()))
+            ids = set(gone | put)
+            ids.update(held_here, self._last_held.get(resource, ()))
+            removed.extend((resource, i) for i in ids if i in before)
+            rewritten = {i: held_here.get(i, devices[i]) for i in ids if i in devices}
+            if rewritten:
+                added[resource] = rewritten
+        return raw.with_maps_of(last.with_changes(removed, added), involved)
 
     def _edits_since_last(self, raw: DeviceTree) -> dict[str, _Edit] | None:
         """resource -> (ids gone or re-read, ids put in) since the tree gated last, for the
