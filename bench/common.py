@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import os
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -92,16 +94,71 @@ def render_ids(count: int) -> list[str]:
 
 @contextlib.asynccontextmanager
 async def daemon_process(
-    config_text: str, kubelet_dir: Path, host: UmockdevHost, env: dict[str, str] | None = None
+    config_text: str,
+    kubelet_dir: Path,
+    host: UmockdevHost,
+    env: dict[str, str] | None = None,
+    python: str | None = None,
 ) -> AsyncIterator[asyncio.subprocess.Process]:
     """``devplug run`` in its own process, seeing ``host``, its output discarded; ``env`` is
-    added to its environment (grpc settings, say)."""
+    added to its environment (grpc settings, say). ``python``: the interpreter to run it with
+    (default this one), e.g. :func:`runtime_python`'s."""
     config = kubelet_dir.parent / "config.yaml"
     config.write_text(config_text)
-    async with testing_daemon_process(
-        config, kubelet_dir, env={**host.env(), **(env or {})}, output=asyncio.subprocess.DEVNULL
-    ) as process:
+    environ = {**host.env(), **(env or {})}
+    if python is None:
+        async with testing_daemon_process(
+            config, kubelet_dir, env=environ, output=asyncio.subprocess.DEVNULL
+        ) as process:
+            yield process
+        return
+    # The same command line as devplug.testing.daemon_process, another interpreter.
+    process = await asyncio.create_subprocess_exec(
+        python,
+        *("-m", "devplug", "run", "--config", str(config), "--kubelet-dir", str(kubelet_dir)),
+        *("--cdi-dir", str(kubelet_dir.parent / "cdi"), "--log-format", "json"),
+        stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.DEVNULL,
+        env={**os.environ, **environ},
+    )
+    try:
         yield process
+    finally:
+        if process.returncode is None:
+            process.send_signal(signal.SIGTERM)
+            try:
+                async with asyncio.timeout(10):
+                    await process.wait()
+            except TimeoutError:
+                process.kill()
+                await process.wait()
+
+
+REPO = Path(__file__).resolve().parent.parent
+RUNTIME_VENV = REPO / ".bench" / "runtime-venv"
+
+
+def runtime_python() -> str:
+    """An interpreter with devplug installed as an operator installs it: the checkout
+    (editable, so it runs the current source) and its runtime dependencies only, no test
+    extras (so no rich, which import-linter pulls in and structlog imports when present).
+
+    Created once in ``.bench/runtime-venv`` (gitignored) from PyPI; installed again when
+    pyproject.toml changes."""
+    python = RUNTIME_VENV / "bin" / "python"
+    stamp = RUNTIME_VENV / "pyproject.sha256"
+    wanted = hashlib.sha256((REPO / "pyproject.toml").read_bytes()).hexdigest()
+    if python.exists() and stamp.exists() and stamp.read_text() == wanted:
+        return str(python)
+    print(f"installing devplug's runtime dependencies into {RUNTIME_VENV} ...", file=sys.stderr)
+    base = getattr(sys, "_base_executable", sys.executable)
+    subprocess.run([base, "-m", "venv", "--clear", str(RUNTIME_VENV)], check=True)
+    subprocess.run(
+        [str(python), "-m", "pip", "install", "--quiet", "--no-warn-conflicts", "-e", str(REPO)],
+        check=True,
+    )
+    stamp.write_text(wanted)
+    return str(python)
 
 
 def env_pairs(pairs: Sequence[str]) -> dict[str, str]:
