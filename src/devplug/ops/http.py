@@ -21,7 +21,6 @@ import socket
 from collections.abc import Callable
 
 import structlog
-from prometheus_client import CONTENT_TYPE_LATEST
 
 from devplug._kits.problems import ProblemLog
 
@@ -168,7 +167,11 @@ class StatusEndpoint:
             return "405 Method Not Allowed", "text/plain; charset=utf-8", b"GET or HEAD only\n"
         path = path.split("?", 1)[0]
         if path == "/metrics":
-            return "200 OK", CONTENT_TYPE_LATEST, self._metrics()
+            body = self._metrics()
+            # Loaded by the exposition above (prometheus_client waits for the first scrape).
+            from prometheus_client import CONTENT_TYPE_LATEST
+
+            return "200 OK", CONTENT_TYPE_LATEST, body
         if path == "/healthz":
             return "200 OK", "text/plain; charset=utf-8", b"ok\n"
         if path == "/readyz":

@@ -1,80 +1,206 @@
 """Prometheus metrics of one daemon (its own registry, so tests and several daemons in one
-process do not mix their numbers). Exposition is prometheus_client's."""
+process do not mix their numbers).
+
+The values are kept here, in plain counters: importing prometheus_client costs ~15 ms of a
+start-up whose goal is 250 ms (its package imports its exposition, HTTP and WSGI servers), and
+the daemon needs none of it before someone scrapes. The first scrape (or the first look at
+:attr:`Metrics.registry`) imports it and builds the same families, samples and ``_created``
+series its own Counter, Gauge and Histogram would; the text is prometheus_client's.
+"""
 
 from __future__ import annotations
 
+import bisect
+import os
+import time
 from collections import Counter as Tally
-from collections.abc import Mapping, Sized
-
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from collections.abc import Iterator, Mapping, Sequence, Sized
+from typing import TYPE_CHECKING, Generic, TypeVar
 
 from devplug.model import DeviceMap, DeviceTree
+
+if TYPE_CHECKING:
+    from prometheus_client import CollectorRegistry
+    from prometheus_client.metrics_core import Metric
 
 # Scans take from about a millisecond (one device's rescan) to seconds (10,000 GPUs).
 _SCAN_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 
 
+class _Value:
+    """A counter's or a gauge's series (one set of label values)."""
+
+    __slots__ = ("created", "value")
+
+    def __init__(self) -> None:
+        self.value = 0.0
+        self.created = time.time()
+
+    def inc(self, amount: float = 1.0) -> None:
+        if amount < 0:
+            raise ValueError("counters only go up")
+        self.value += amount
+
+    def set(self, value: float) -> None:
+        self.value = float(value)
+
+
+class _Buckets:
+    """A histogram's series: per-bucket counts (not cumulative), the sum, when created."""
+
+    __slots__ = ("bounds", "counts", "created", "sum")
+
+    def __init__(self, bounds: Sequence[float]) -> None:
+        self.bounds = bounds
+        self.counts = [0.0] * len(bounds)
+        self.sum = 0.0
+        self.created = time.time()
+
+    def observe(self, amount: float) -> None:
+        self.sum += amount
+        self.counts[bisect.bisect_left(self.bounds, amount)] += 1
+
+
+_S = TypeVar("_S", _Value, _Buckets)
+
+
+class _Family(Generic[_S]):
+    """One metric: its series by label values, in the order they first appeared."""
+
+    def __init__(self, kind: str, name: str, documentation: str, labelnames: Sequence[str]):
+        self.kind, self.name, self.documentation = kind, name, documentation
+        self.labelnames = tuple(labelnames)
+        self.series: dict[tuple[str, ...], _S] = {}
+
+    def _new(self) -> _S:
+        raise NotImplementedError
+
+    def labels(self, *values: str) -> _S:
+        if len(values) != len(self.labelnames):
+            raise ValueError(f"{self.name} takes the labels {self.labelnames}, got {values}")
+        series = self.series.get(values)
+        if series is None:
+            series = self.series[values] = self._new()
+        return series
+
+
+class _Counter(_Family[_Value]):
+    def __init__(self, name: str, documentation: str, labelnames: Sequence[str] = ()):
+        super().__init__("counter", name, documentation, labelnames)
+        if not labelnames:
+            self.labels()  # like prometheus_client: an unlabelled series exists from the start
+
+    def _new(self) -> _Value:
+        return _Value()
+
+    def inc(self, amount: float = 1.0) -> None:
+        """An unlabelled counter's increment."""
+        self.labels().inc(amount)
+
+
+class _Gauge(_Family[_Value]):
+    def __init__(self, name: str, documentation: str, labelnames: Sequence[str] = ()):
+        super().__init__("gauge", name, documentation, labelnames)
+
+    def _new(self) -> _Value:
+        return _Value()
+
+
+class _Histogram(_Family[_Buckets]):
+    def __init__(
+        self, name: str, documentation: str, labelnames: Sequence[str], buckets: Sequence[float]
+    ):
+        super().__init__("histogram", name, documentation, labelnames)
+        self.bounds = (*buckets, float("inf"))
+
+    def _new(self) -> _Buckets:
+        return _Buckets(self.bounds)
+
+
+def _families(families: Sequence[_Family[_Value] | _Family[_Buckets]]) -> Iterator[Metric]:
+    """The families as prometheus_client's own metrics of the same kinds would collect them."""
+    from prometheus_client.metrics_core import Metric
+    from prometheus_client.samples import Sample
+    from prometheus_client.utils import floatToGoString
+
+    created = os.environ.get("PROMETHEUS_DISABLE_CREATED_SERIES", "False").lower() not in (
+        "true",
+        "1",
+        "t",
+    )
+    for family in families:
+        metric = Metric(family.name, family.documentation, family.kind)
+        for values, series in family.series.items():
+            labels = dict(zip(family.labelnames, values, strict=True))
+            add = metric.samples.append
+            if isinstance(series, _Buckets):
+                total = 0.0
+                for bound, count in zip(series.bounds, series.counts, strict=True):
+                    total += count
+                    le = {**labels, "le": floatToGoString(bound)}  # type: ignore[no-untyped-call]
+                    add(Sample(f"{family.name}_bucket", le, total, None, None))
+                add(Sample(f"{family.name}_count", labels, total, None, None))
+                add(Sample(f"{family.name}_sum", labels, series.sum, None, None))
+            elif family.kind == "counter":
+                add(Sample(f"{family.name}_total", labels, series.value, None, None))
+            else:
+                add(Sample(family.name, labels, series.value, None, None))
+            if created and family.kind != "gauge":
+                add(Sample(f"{family.name}_created", labels, series.created, None, None))
+        yield metric
+
+
 class Metrics:
     def __init__(self) -> None:
-        self.registry = CollectorRegistry()
-        r = self.registry
-        self.devices = Gauge(
+        self._registry: CollectorRegistry | None = None
+        self.devices = _Gauge(
             "devplug_devices",
             "Devices advertised to the kubelet, by resource and health.",
             ["resource", "health"],
-            registry=r,
         )
-        self.allocations = Counter(
+        self.allocations = _Counter(
             "devplug_allocations",
             "Allocate calls, by resource and result (ok, not_found, invalid, error).",
             ["resource", "result"],
-            registry=r,
         )
-        self.registrations = Counter(
+        self.registrations = _Counter(
             "devplug_registrations",
             "Register calls to the kubelet, by resource and result (ok, failed).",
             ["resource", "result"],
-            registry=r,
         )
-        self.kubelet_restarts = Counter(
+        self.kubelet_restarts = _Counter(
             "devplug_kubelet_restarts",
             "Kubelet restarts seen (a resource's server had to register again).",
             ["resource"],
-            registry=r,
         )
-        self.scan_seconds = Histogram(
+        self.scan_seconds = _Histogram(
             "devplug_scan_duration_seconds",
             "Duration of scans, by kind (full, incremental).",
             ["kind"],
             buckets=_SCAN_BUCKETS,
-            registry=r,
         )
-        self.scan_failures = Counter(
+        self.scan_failures = _Counter(
             "devplug_scan_failures",
             "Scans in which a scanner failed, by scanner (its previous devices were kept).",
             ["scanner"],
-            registry=r,
         )
-        self.udev_events = Counter(
-            "devplug_udev_events", "udev events handled (after batching per device).", registry=r
+        self.udev_events = _Counter(
+            "devplug_udev_events", "udev events handled (after batching per device)."
         )
-        self.udev_overflows = Counter(
+        self.udev_overflows = _Counter(
             "devplug_udev_overflows",
             "Times the kernel dropped udev events for devplug (ENOBUFS); each caused a full scan.",
-            registry=r,
         )
-        self.list_bytes = Gauge(
+        self.list_bytes = _Gauge(
             "devplug_listandwatch_message_bytes",
             "Size of the last ListAndWatch message, by resource (the kubelet reads up to 4 MiB).",
             ["resource"],
-            registry=r,
         )
-        self.held_back = Gauge(
+        self.held_back = _Gauge(
             "devplug_devices_held_back",
             "Devices found but not advertised, by resource: their list would pass the kubelet's "
             "4 MiB receive limit.",
             ["resource"],
-            registry=r,
         )
         self._held_labels: set[str] = set()
         self._device_labels: set[tuple[str, str]] = set()
@@ -134,5 +260,36 @@ class Metrics:
     def list_built(self, resource: str, size_bytes: int) -> None:
         self.list_bytes.labels(resource).set(size_bytes)
 
+    # Scraping.
+
+    @property
+    def registry(self) -> CollectorRegistry:
+        """A prometheus_client registry showing these metrics (built on first use)."""
+        if self._registry is None:
+            from prometheus_client import CollectorRegistry
+
+            self._registry = CollectorRegistry()
+            self._registry.register(self)
+        return self._registry
+
+    def collect(self) -> Iterator[Metric]:
+        """prometheus_client's Collector protocol: every family, in the order defined."""
+        return _families(
+            [
+                self.devices,
+                self.allocations,
+                self.registrations,
+                self.kubelet_restarts,
+                self.scan_seconds,
+                self.scan_failures,
+                self.udev_events,
+                self.udev_overflows,
+                self.list_bytes,
+                self.held_back,
+            ]
+        )
+
     def exposition(self) -> bytes:
+        from prometheus_client import generate_latest
+
         return generate_latest(self.registry)

@@ -1,0 +1,95 @@
+"""Issue 16: what ``devplug run`` leaves unimported until it is needed, so start -> first list
+stays short. Each check runs a daemon in a fresh interpreter (this one has imported everything
+already) and reports which modules were loaded at each point."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+# A daemon serving one static resource to the simulator, metrics on; the report says which of
+# WATCHED were imported once the kubelet had the first list, and after the first scrape.
+DAEMON = textwrap.dedent(
+    """
+    import asyncio, json, sys
+    from pathlib import Path
+
+    from devplug.model import DeviceInfo, DeviceNode
+    from devplug.testing import KubeletSimulator, daemon_settings, running_daemon
+    from devplug.testing.harness import StaticScanner
+
+    WATCHED = {watched!r}
+    RESOURCE = "example.com/serial"
+
+
+    def loaded():
+        return sorted(m for m in WATCHED if m in sys.modules)
+
+
+    async def scrape(port):
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(b"GET /metrics HTTP/1.1\\r\\nHost: x\\r\\n\\r\\n")
+        await writer.drain()
+        data = await asyncio.wait_for(reader.read(), 10)
+        writer.close()
+        await writer.wait_closed()
+        return data.decode()
+
+
+    async def main():
+        root = Path(sys.argv[1])
+        kubelet_dir = root / "kubelet"
+        scanner = StaticScanner(
+            {{RESOURCE: {{"dev0": DeviceInfo(nodes=(DeviceNode("/dev/null"),))}}}}
+        )
+        settings = daemon_settings(kubelet_dir, metrics_address="127.0.0.1:0")
+        report = {{}}
+        async with KubeletSimulator(kubelet_dir) as kubelet:
+            async with running_daemon(settings, [scanner]) as daemon:
+                session = await kubelet.wait_for_plugin(RESOURCE)
+                await session.wait_for_update(lambda listed: len(listed) == 1)
+                report["listed"] = loaded()
+                text = await scrape(daemon.http.port)
+                report["scraped"] = loaded()
+                report["answer"] = text.splitlines()[0]
+                report["devices"] = [
+                    line for line in text.splitlines() if line.startswith("devplug_devices{{")
+                ]
+        print(json.dumps(report))
+
+
+    asyncio.run(main())
+    """
+)
+
+
+def run_daemon(tmp_path: Path, watched: tuple[str, ...]) -> dict[str, list[str]]:
+    script = tmp_path / "daemon.py"
+    script.write_text(DAEMON.format(watched=watched))
+    result = subprocess.run(
+        [sys.executable, str(script), str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        env={k: v for k, v in os.environ.items() if not k.startswith("DEVPLUG_")},
+    )
+    assert result.returncode == 0, result.stderr
+    report: dict[str, list[str]] = json.loads(result.stdout.splitlines()[-1])
+    return report
+
+
+def test_prometheus_client_loads_at_the_first_scrape_not_before(tmp_path: Path) -> None:
+    """Its package (exposition, HTTP and WSGI servers: ~15 ms) is not needed to serve devices;
+    the metrics count from the start all the same and the first scrape shows them."""
+    report = run_daemon(tmp_path, ("prometheus_client", "prometheus_client.exposition"))
+    assert report["listed"] == []
+    assert report["scraped"] == ["prometheus_client", "prometheus_client.exposition"]
+    assert report["answer"] == "HTTP/1.1 200 OK"
+    assert report["devices"] == [
+        'devplug_devices{health="Healthy",resource="example.com/serial"} 1.0'
+    ]
