@@ -10,6 +10,7 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from typing import Any
 
 # A daemon serving one static resource to the simulator, metrics on; the report says which of
 # WATCHED were imported once the kubelet had the first list, and after the first scrape.
@@ -67,7 +68,7 @@ DAEMON = textwrap.dedent(
 )
 
 
-def run_daemon(tmp_path: Path, watched: tuple[str, ...]) -> dict[str, list[str]]:
+def run_daemon(tmp_path: Path, watched: tuple[str, ...]) -> dict[str, Any]:
     script = tmp_path / "daemon.py"
     script.write_text(DAEMON.format(watched=watched))
     result = subprocess.run(
@@ -79,7 +80,7 @@ def run_daemon(tmp_path: Path, watched: tuple[str, ...]) -> dict[str, list[str]]
         env={k: v for k, v in os.environ.items() if not k.startswith("DEVPLUG_")},
     )
     assert result.returncode == 0, result.stderr
-    report: dict[str, list[str]] = json.loads(result.stdout.splitlines()[-1])
+    report: dict[str, Any] = json.loads(result.stdout.splitlines()[-1])
     return report
 
 
