@@ -84,14 +84,19 @@ def main(
         from devplug.cli.status import status_command
 
         return status_command(args.kubelet_dir, args.output, args.timeout)
-    from devplug.cli import commands
+    from devplug._kits.pydantic_plugins import no_plugin_discovery
     from devplug.errors import ConfigError
 
-    try:
-        settings, built = commands.prepare(args, factories)
-    except ConfigError as exc:
-        commands.fail(program, f"configuration error: {exc}")
-        return EXIT_USAGE
+    # The settings models (devplug's and the configured scanners') are built here: without
+    # pydantic's plugin discovery, which costs the start-up more than any of them.
+    with no_plugin_discovery():
+        from devplug.cli import commands
+
+        try:
+            settings, built = commands.prepare(args, factories)
+        except ConfigError as exc:
+            commands.fail(program, f"configuration error: {exc}")
+            return EXIT_USAGE
     if args.command == "cdi":
         return commands.cdi_generate(program, settings, built, args)
     if args.command == "scan" or args.dry_run:
