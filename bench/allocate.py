@@ -2,21 +2,36 @@
 
 1,000 devices (render nodes of mock GPUs) served by a ``devplug run`` process; 50 concurrent
 callers on one channel (as the kubelet has one connection per plugin), each Allocate asking for
-one random device. The floor is an empty grpc.aio unary RPC served by another process on a unix
-socket, driven by the same client. Rounds alternate floor / Allocate to spread machine noise.
+one random device; ``--callers 1`` is issue 16's single-caller case (goal: p99 <= 1.2x the
+empty floor). Rounds go through every target in turn to spread machine noise; with one
+caller, every call does (so a busy moment on the shared machine hits every target alike).
+
+The targets, all driven by the same client through the same kind of socket (see
+bench/floor_server.py), each served by a process of its own (so each one's CPU time per call,
+every thread counted, is printed too), each a step closer to the daemon:
+
+- empty floor: an empty grpc.aio unary RPC served by a bare process (the goal's floor);
+- sized floor: the same process answers the daemon's AllocateResponse for the requested id,
+  built with protobuf per call (the response's size and building, no devplug code);
+- servicer alone: devplug's DevicePlugin servicer over the same 1,000 render nodes in a process
+  of its own, without the daemon around it (no metrics, no CDI, logs off);
+- devplug: the ``devplug run`` process, through the kubelet simulator's client.
 
     umockdev-wrapper .venv/bin/python -m bench.allocate [--devices 1000] [--callers 50]
+    umockdev-wrapper .venv/bin/python -m bench.allocate --callers 1 --per-caller 200
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import random
 import sys
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from pathlib import Path
 
 import grpc
 
@@ -31,14 +46,17 @@ from bench.common import (
     scratch_dir,
     summary_ms,
 )
-from bench.floor_server import METHOD
+from bench.floor_server import METHOD, SIZED_METHOD
 from devplug._proto import deviceplugin_v1beta1_pb2 as pb
+from devplug._proto import deviceplugin_v1beta1_pb2_grpc as pb_grpc
 from devplug.testing import KubeletSimulator
 
+Call = Callable[[], Awaitable[object]]
+# Target names, in the order rounds visit them and the report lists them.
+EMPTY, SIZED, ALONE, DAEMON = "empty floor", "sized floor", "servicer alone", "devplug"
 
-async def drive(
-    call: Callable[[], Awaitable[object]], callers: int, per_caller: int
-) -> list[float]:
+
+async def drive(call: Call, callers: int, per_caller: int) -> list[float]:
     samples: list[float] = []
 
     async def caller() -> None:
@@ -51,77 +69,178 @@ async def drive(
     return samples
 
 
-async def main(devices: int, callers: int, per_caller: int, rounds: int) -> None:
+async def drive_interleaved(calls: Mapping[str, Call], count: int) -> dict[str, list[float]]:
+    """One caller, the targets' calls in turn (the order rotated every call): each target's
+    samples meet the same moments of a shared machine, so its noise is not charged to one."""
+    samples: dict[str, list[float]] = {name: [] for name in calls}
+    order = list(calls.items())
+    for index in range(count):
+        for name, call in order[index % len(order) :] + order[: index % len(order)]:
+            started = time.perf_counter()
+            await call()
+            samples[name].append(time.perf_counter() - started)
+    return samples
+
+
+@contextlib.asynccontextmanager
+async def floor_process(
+    socket: Path, env: Mapping[str, str], *args: str
+) -> AsyncIterator[asyncio.subprocess.Process]:
+    """bench.floor_server on ``socket``, ready to answer."""
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "bench.floor_server",
+        str(socket),
+        *args,
+        stdout=asyncio.subprocess.PIPE,
+        env={**os.environ, **env},
+    )
+    assert process.stdout is not None
+    try:
+        await process.stdout.readline()
+        yield process
+    finally:
+        process.terminate()
+        await process.wait()
+
+
+def cpu_seconds(pid: int) -> float:
+    """CPU time of every thread of process ``pid`` so far (the scheduler's nanoseconds:
+    grpc-core's threads work for each call too)."""
+    total = 0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        with contextlib.suppress(FileNotFoundError, ProcessLookupError):
+            total += int((task / "schedstat").read_text().split()[0])
+    return total / 1e9
+
+
+def report(
+    samples: dict[str, list[float]],
+    rounds: dict[str, list[list[float]]],
+    cpu: dict[str, float],
+    goal: str,
+) -> None:
+    width = max(map(len, samples)) + 1
+    for name, values in samples.items():
+        print(
+            f"{name + ':':{width}} {summary_ms(values)}; "
+            f"server CPU {cpu[name] / len(values) * 1e6:.0f} us/call"
+        )
+    floor = samples[EMPTY]
+    for name in (SIZED, ALONE, DAEMON):
+        ratios = [
+            f"{q} {percentile(samples[name], f) / percentile(floor, f):.2f}x"
+            for q, f in (("p50", 0.5), ("p99", 0.99))
+        ]
+        print(f"{name} / empty floor: {', '.join(ratios)}")
+    sized = samples[SIZED]
+    daemon = samples[DAEMON]
+    print(
+        f"devplug / sized floor: p50 {percentile(daemon, 0.5) / percentile(sized, 0.5):.2f}x,"
+        f" p99 {percentile(daemon, 0.99) / percentile(sized, 0.99):.2f}x"
+    )
+    print(f"goal: {goal}")
+    # Every round's own ratio, because the machine is shared and one noisy round moves a
+    # pooled percentile a lot.
+    for q, f in (("p50", 0.5), ("p99", 0.99)):
+        per_round = sorted(
+            percentile(d, f) / percentile(e, f)
+            for d, e in zip(rounds[DAEMON], rounds[EMPTY], strict=True)
+        )
+        print(f"per-round devplug/empty {q} ratios: {', '.join(f'{r:.2f}' for r in per_round)}")
+
+
+async def main(devices: int, callers: int, per_caller: int, round_count: int) -> None:
     require_preload()
     with scratch_dir() as scratch:
         built = time.perf_counter()
         host = gpu_host(scratch / "testbed", devices)
         print(f"mock host: {devices} GPUs built in {time.perf_counter() - built:.1f} s")
         kubelet_dir = scratch / "kubelet"
-        floor_socket = scratch / "floor.sock"
-        # The floor runs under the same preload and testbed as the daemon: umockdev wraps
+        # The floors run under the same preload and testbed as the daemon: umockdev wraps
         # socket calls, and the comparison must not charge that to devplug alone.
-        floor = await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-m",
-            "bench.floor_server",
-            str(floor_socket),
-            stdout=asyncio.subprocess.PIPE,
-            env={**os.environ, **host.env()},
-        )
-        assert floor.stdout is not None
-        await floor.stdout.readline()
-        try:
+        async with (
+            floor_process(scratch / "floor.sock", host.env()) as empty_server,
+            floor_process(scratch / "sized.sock", host.env()) as sized_server,
+            floor_process(scratch / "alone.sock", host.env(), "--devices", str(devices)) as alone,
+        ):
             with host.activated():
                 async with (
                     KubeletSimulator(kubelet_dir) as kubelet,
-                    daemon_process(RENDER_CONFIG, kubelet_dir, host),
+                    daemon_process(RENDER_CONFIG, kubelet_dir, host) as daemon,
+                    grpc.aio.insecure_channel(f"unix://{scratch / 'floor.sock'}") as channel,
+                    grpc.aio.insecure_channel(f"unix://{scratch / 'sized.sock'}") as sized_channel,
+                    grpc.aio.insecure_channel(f"unix://{scratch / 'alone.sock'}") as alone_channel,
                 ):
                     session = await kubelet.wait_for_plugin(RENDER_RESOURCE, timeout=120)
                     listed = await session.wait_for_update(timeout=120)
                     print(f"daemon advertises {len(listed)} devices")
                     ids = render_ids(devices)
-                    async with grpc.aio.insecure_channel(f"unix://{floor_socket}") as channel:
-                        empty = channel.unary_unary(
-                            METHOD,
-                            request_serializer=pb.Empty.SerializeToString,
-                            response_deserializer=pb.Empty.FromString,
+                    empty = channel.unary_unary(
+                        METHOD,
+                        request_serializer=pb.Empty.SerializeToString,
+                        response_deserializer=pb.Empty.FromString,
+                    )
+                    sized = sized_channel.unary_unary(
+                        SIZED_METHOD,
+                        request_serializer=pb.AllocateRequest.SerializeToString,
+                        response_deserializer=pb.AllocateResponse.FromString,
+                    )
+                    alone_stub = pb_grpc.DevicePluginStub(alone_channel)
+                    # A ListAndWatch stream open on the channel, as the kubelet keeps one.
+                    stream = alone_stub.ListAndWatch(pb.Empty())
+                    await stream.read()
+
+                    def request() -> pb.AllocateRequest:
+                        return pb.AllocateRequest(
+                            container_requests=[
+                                pb.ContainerAllocateRequest(devices_ids=[random.choice(ids)])
+                            ]
                         )
 
-                        async def floor_call() -> object:
-                            return await empty(pb.Empty())
+                    async def empty_call() -> object:
+                        return await empty(pb.Empty())
 
-                        async def allocate_call() -> object:
-                            request = pb.AllocateRequest(
-                                container_requests=[
-                                    pb.ContainerAllocateRequest(devices_ids=[random.choice(ids)])
-                                ]
-                            )
-                            return await session.stub.Allocate(request)
+                    async def sized_call() -> object:
+                        return await sized(request())
 
-                        await drive(floor_call, callers, 20)  # warm-up
-                        await drive(allocate_call, callers, 20)
-                        floor_samples: list[float] = []
-                        allocate_samples: list[float] = []
-                        round_ratios: list[float] = []
-                        for _ in range(rounds):
-                            floor_round = await drive(floor_call, callers, per_caller)
-                            allocate_round = await drive(allocate_call, callers, per_caller)
-                            round_ratios.append(
-                                percentile(allocate_round, 0.5) / percentile(floor_round, 0.5)
-                            )
-                            floor_samples += floor_round
-                            allocate_samples += allocate_round
-        finally:
-            floor.terminate()
-            await floor.wait()
-    print(f"floor (empty unary, unix socket): {summary_ms(floor_samples)}")
-    print(f"Allocate ({devices} devices):       {summary_ms(allocate_samples)}")
-    for name, q in (("p50", 0.5), ("p99", 0.99)):
-        ratio = percentile(allocate_samples, q) / percentile(floor_samples, q)
-        print(f"Allocate/floor {name}: {ratio:.2f}x (goal p99 <= 1.5x)")
-    spread = ", ".join(f"{r:.2f}" for r in sorted(round_ratios))
-    print(f"per-round p50 ratios (noise on a shared machine): {spread}")
+                    async def alone_call() -> object:
+                        return await alone_stub.Allocate(request())
+
+                    async def daemon_call() -> object:
+                        return await session.stub.Allocate(request())
+
+                    calls: dict[str, Call] = {
+                        EMPTY: empty_call,
+                        SIZED: sized_call,
+                        ALONE: alone_call,
+                        DAEMON: daemon_call,
+                    }
+                    for call in calls.values():  # warm-up
+                        await drive(call, callers, 20)
+                    # Each target is served by a process of its own: its CPU is that call's.
+                    pids = {
+                        EMPTY: empty_server.pid,
+                        SIZED: sized_server.pid,
+                        ALONE: alone.pid,
+                        DAEMON: daemon.pid,
+                    }
+                    cpu = {name: -cpu_seconds(pid) for name, pid in pids.items()}
+                    rounds: dict[str, list[list[float]]] = {name: [] for name in calls}
+                    for _ in range(round_count):
+                        if callers == 1:
+                            for name, done in (await drive_interleaved(calls, per_caller)).items():
+                                rounds[name].append(done)
+                            continue
+                        for name, call in calls.items():
+                            rounds[name].append(await drive(call, callers, per_caller))
+                    for name, pid in pids.items():
+                        cpu[name] += cpu_seconds(pid)
+    samples = {name: [s for r in done for s in r] for name, done in rounds.items()}
+    print(f"{callers} caller(s) x {per_caller} calls x {round_count} rounds, {devices} devices")
+    goal = "p99 <= 1.2x the empty floor" if callers == 1 else "p99 <= 1.5x the empty floor"
+    report(samples, rounds, cpu, goal)
 
 
 if __name__ == "__main__":
