@@ -86,8 +86,8 @@ async def test_the_answer_cache_is_bounded_by_bytes(
             )
             answer = await stub.Allocate(request)
             assert len(answer.container_responses[0].envs) == len(ids)
-        cached = servicer(daemon)._answers.values()
-        assert sum(a.ByteSize() for a in cached) <= MAX_CACHED_ANSWER_BYTES
+        cached = servicer(daemon)._answers
+        assert sum(len(k) + len(a.encoded) for k, a in cached.items()) <= MAX_CACHED_ANSWER_BYTES
         assert len(cached) > 1, "answers are still cached up to the limit"
 
 

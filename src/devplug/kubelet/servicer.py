@@ -21,7 +21,7 @@ import asyncio
 import contextlib
 import inspect
 from collections.abc import AsyncIterator, Awaitable, Sequence
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, NoReturn, TypeVar
 
 import grpc
 import structlog
@@ -78,6 +78,13 @@ def _loggable(requests: Sequence[Sequence[str]]) -> object:
     return f"{total} ids in {len(requests)} containers"
 
 
+class _Answer(NamedTuple):
+    """An Allocate answer as sent (an encoded AllocateResponse) and its ids as logged."""
+
+    encoded: bytes
+    logged: object
+
+
 def plugin_options(hooks: object | None) -> pb.DevicePluginOptions:
     """Options reflect the hooks: PreStartContainer only when the scanner implements it.
 
@@ -107,9 +114,9 @@ class DevicePluginServicer:
         self.events = events if events is not None else NoServingEvents()
         self.devices = devices
         self.bind(hooks)
-        # Default answers per id list, valid for one device snapshot (cleared when it changes),
-        # and their serialized size in all.
-        self._answers: dict[tuple[str, ...], pb.ContainerAllocateResponse] = {}
+        # Default answers, encoded, per request (its bytes), valid for one device snapshot and
+        # extension state (cleared when either changes), and their size with their keys in all.
+        self._answers: dict[bytes, _Answer] = {}
         self._answer_bytes = 0
         self.refused_streams = 0
         self._stream_cap = ProblemLog()
@@ -123,6 +130,7 @@ class DevicePluginServicer:
         self.idle.set()
         self._log = log.bind(resource=resource)
 
+    # (device snapshot, extension generation) the cached answers were made under.
     _answers_for: tuple[DeviceMap, int] | None = None
 
     def bind(self, hooks: object | None) -> None:
@@ -199,31 +207,78 @@ class DevicePluginServicer:
 
     async def Allocate(
         self,
-        request: pb.AllocateRequest,
-        context: grpc.aio.ServicerContext[pb.AllocateRequest, pb.AllocateResponse],
-    ) -> pb.AllocateResponse:
+        request: tuple[bytes, pb.AllocateRequest],
+        context: grpc.aio.ServicerContext[tuple[bytes, pb.AllocateRequest], bytes],
+    ) -> bytes:
+        """An encoded AllocateResponse (sent as it is: see add_to_server). The request comes
+        with its own bytes (:func:`_allocate_request`): a request seen before under the same
+        snapshot, extension state and hooks is answered from the encoded-answer cache, with
+        nothing parsed into lists, checked or built again."""
+        raw, message = request
         devices = self.devices.value
-        async with self._answering(context, "allocate"):
-            # Counted on the message, before any list is built for it.
-            check_size(self.resource, [c.devices_ids for c in request.container_requests], devices)
-            requests = [list(c.devices_ids) for c in request.container_requests]
-            responses = await self._allocate(requests, devices)
+        # A try block, not _answering: an async context manager costs microseconds per call.
+        try:
+            if self.extension is not None:
+                self.extension.confirm(self.resource)  # e.g. never name a CDI spec that is gone
+            answer = self._cached_answer(raw, devices)
+            if answer is None:
+                answer = await self._answer(raw, message, devices)
+        except AllocationError as exc:
+            await self._refuse(context, "allocate", exc)
+        except Exception:
+            await self._fail(context, "allocate")
+        # Counted and logged once the answer is with gRPC (the next turn of the loop): the log
+        # line's rendering and write are then not part of the kubelet's wait.
+        asyncio.get_running_loop().call_soon(self._allocated, answer.logged)
+        return answer.encoded
+
+    def _allocated(self, logged: object) -> None:
         self.events.allocated(self.resource, "ok")
-        self._log.info("allocate.complete", devices=_loggable(requests))
-        return pb.AllocateResponse(container_responses=responses)
+        self._log.info("allocate.complete", devices=logged)
+
+    def _cached_answer(self, raw: bytes, devices: DeviceMap) -> _Answer | None:
+        """The cached answer to the request encoded as ``raw``, valid for ``devices`` and the
+        extension's state (which CDI specs are on disk); the cache empties when either changes
+        (and when hooks are bound: see bind)."""
+        generation = self.extension.generation if self.extension is not None else 0
+        state = self._answers_for
+        if state is None or state[0] is not devices or state[1] != generation:
+            self._answers.clear()
+            self._answer_bytes = 0
+            self._answers_for = (devices, generation)
+            return None
+        return self._answers.get(raw)
+
+    async def _answer(self, raw: bytes, message: pb.AllocateRequest, devices: DeviceMap) -> _Answer:
+        # Counted on the message, before any list is built for it.
+        check_size(self.resource, [c.devices_ids for c in message.container_requests], devices)
+        requests = [list(c.devices_ids) for c in message.container_requests]
+        check_request(self.resource, requests, devices)
+        state = self._answers_for
+        responses = await self._allocate(requests, devices)
+        answer = _Answer(
+            pb.AllocateResponse(container_responses=responses).SerializeToString(),
+            _loggable(requests),
+        )
+        # Only the default answers are kept (a hook's may depend on more than the request),
+        # and only while the state they were made under holds.
+        if self._allocator is None and self._post_allocator is None and state is self._answers_for:
+            size = len(raw) + len(answer.encoded)
+            if (
+                len(self._answers) < MAX_CACHED_ANSWERS
+                and self._answer_bytes + size <= MAX_CACHED_ANSWER_BYTES
+            ):
+                self._answers[raw] = answer
+                self._answer_bytes += size
+        return answer
 
     async def _allocate(
         self, requests: Sequence[Sequence[str]], devices: DeviceMap
     ) -> list[pb.ContainerAllocateResponse]:
-        check_request(self.resource, requests, devices)
-        if self.extension is not None:
-            self.extension.confirm(self.resource)  # e.g. never name a CDI spec that is gone
         answers: Sequence[ContainerAllocation] | None = None
         if self._allocator is not None:
             answers = await _resolve(self._allocator.allocate(self.resource, requests, devices))
         if answers is None:
-            if self._post_allocator is None:
-                return [self._default_response(ids, devices) for ids in requests]
             answers = [
                 self._extended(ids, default_allocation(ids, devices), devices) for ids in requests
             ]
@@ -240,31 +295,6 @@ class DevicePluginServicer:
         if self.extension is None:
             return answer
         return self.extension.extend(self.resource, ids, answer, devices)
-
-    def _default_response(
-        self, ids: Sequence[str], devices: DeviceMap
-    ) -> pb.ContainerAllocateResponse:
-        # Cached per device snapshot and extension state (which CDI specs are on disk).
-        state = (devices, self.extension.generation if self.extension is not None else 0)
-        if self._answers_for is None or (
-            self._answers_for[0] is not devices or self._answers_for[1] != state[1]
-        ):
-            self._answers.clear()
-            self._answer_bytes = 0
-            self._answers_for = state
-        key = tuple(ids)
-        cached = self._answers.get(key)
-        if cached is None:
-            answer = self._extended(ids, default_allocation(ids, devices), devices)
-            cached = container_response(answer)
-            size = cached.ByteSize() + sum(len(i) for i in ids)
-            if (
-                len(self._answers) < MAX_CACHED_ANSWERS
-                and self._answer_bytes + size <= MAX_CACHED_ANSWER_BYTES
-            ):
-                self._answers[key] = cached
-                self._answer_bytes += size
-        return cached
 
     async def GetPreferredAllocation(
         self,
@@ -357,13 +387,22 @@ class DevicePluginServicer:
         try:
             yield
         except AllocationError as exc:
-            self._log.warning(f"{rpc}.refused", reason=str(exc))
-            self._count(rpc, exc.kind)
-            await context.abort(_STATUS.get(exc.kind, grpc.StatusCode.INVALID_ARGUMENT), str(exc))
+            await self._refuse(context, rpc, exc)
         except Exception:
-            self._log.exception(f"{rpc}.failed")
-            self._count(rpc, "error")
-            await context.abort(grpc.StatusCode.INTERNAL, f"{self.resource}: {rpc} failed")
+            await self._fail(context, rpc)
+
+    async def _refuse(
+        self, context: grpc.aio.ServicerContext[Any, Any], rpc: str, exc: AllocationError
+    ) -> NoReturn:
+        self._log.warning(f"{rpc}.refused", reason=str(exc))
+        self._count(rpc, exc.kind)
+        await context.abort(_STATUS.get(exc.kind, grpc.StatusCode.INVALID_ARGUMENT), str(exc))
+
+    async def _fail(self, context: grpc.aio.ServicerContext[Any, Any], rpc: str) -> NoReturn:
+        """Called while handling the exception: its traceback is logged."""
+        self._log.exception(f"{rpc}.failed")
+        self._count(rpc, "error")
+        await context.abort(grpc.StatusCode.INTERNAL, f"{self.resource}: {rpc} failed")
 
     def _count(self, rpc: str, result: str) -> None:
         if rpc == "allocate":
@@ -371,14 +410,21 @@ class DevicePluginServicer:
 
 
 def _as_they_are(message: bytes) -> bytes:
-    """ListAndWatch's response serializer: the servicer yields encoded messages."""
+    """ListAndWatch's and Allocate's response serializer: the servicer's messages are encoded."""
     return message
+
+
+def _allocate_request(raw: bytes) -> tuple[bytes, pb.AllocateRequest]:
+    """Allocate's request deserializer: the message with its bytes (the answer cache's key).
+    Bytes that do not parse raise here, in gRPC's deserializer, as with any other RPC."""
+    return raw, pb.AllocateRequest.FromString(raw)
 
 
 def add_to_server(servicer: DevicePluginServicer, server: grpc.aio.Server) -> None:
     """Serve ``servicer`` on ``server``: the generated registration, except that
-    ListAndWatch's messages are bytes already (protobuf's encoding of a
-    ListAndWatchResponse, which clients decode as usual)."""
+    ListAndWatch's and Allocate's messages are bytes already (protobuf's encoding of a
+    ListAndWatchResponse or an AllocateResponse, which clients decode as usual), and Allocate's
+    request keeps its bytes beside the message."""
     handlers = {
         "GetDevicePluginOptions": grpc.unary_unary_rpc_method_handler(
             servicer.GetDevicePluginOptions,
@@ -397,8 +443,8 @@ def add_to_server(servicer: DevicePluginServicer, server: grpc.aio.Server) -> No
         ),
         "Allocate": grpc.unary_unary_rpc_method_handler(
             servicer.Allocate,
-            request_deserializer=pb.AllocateRequest.FromString,
-            response_serializer=pb.AllocateResponse.SerializeToString,
+            request_deserializer=_allocate_request,
+            response_serializer=_as_they_are,
         ),
         "PreStartContainer": grpc.unary_unary_rpc_method_handler(
             servicer.PreStartContainer,
