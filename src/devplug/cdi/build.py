@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import bisect
+import heapq
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Callable, Generator, Iterable, Mapping
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -27,7 +28,16 @@ from devplug.cdi.spec import (
 )
 from devplug.errors import CdiSpecError
 from devplug.model import DeviceInfo, MapEdit
-from devplug.naming import natural_key
+from devplug.naming import NaturalKey, natural_key
+
+# Told by a render in slices whether its slice is used up (True: yield to the caller now).
+Due = Callable[[], bool]
+# Ids sorted at once (a run), before the runs are merged: a slice of work each.
+SORT_RUN = 256
+
+
+def _never() -> bool:
+    return False
 
 
 def device_edits(info: DeviceInfo) -> ContainerEdits:
@@ -88,6 +98,10 @@ class RenderedSpec:
     names: frozenset[str]  # the device names the spec defines
 
 
+# The steps of a render in slices: each next() does a slice; the render's result at the end.
+RenderSteps = Generator[None, None, RenderedSpec | None]
+
+
 class _Made(NamedTuple):
     """One device as the renderer last made it."""
 
@@ -132,11 +146,29 @@ class SpecRenderer:
     ) -> RenderedSpec | None:
         """The spec of ``devices``, or None when no device has anything to give. ``edit``: how
         ``devices`` was made from the map rendered last, if known."""
+        steps = self.render_steps(devices, edit, _never)
+        while True:
+            try:
+                next(steps)
+            except StopIteration as done:
+                result: RenderedSpec | None = done.value
+                return result
+
+    def render_steps(
+        self, devices: Mapping[str, DeviceInfo], edit: MapEdit | None, due: Due
+    ) -> RenderSteps:
+        """:meth:`render` in slices, for the event loop: it yields whenever ``due()`` says its
+        slice is used up, and returns the same result. A first render of 10,000 devices is
+        ~0.2 s of CPU; in a worker thread it held the GIL against the hotplug path's own
+        thread and loop for switch intervals at a time, in slices the hotplug path waits for
+        one slice at most. The renderer's state changes only in a final step that does not
+        yield: abandoned between slices, it is as before, but for :attr:`rendered` (None:
+        the next render looks at every device, reusing the fragments made so far)."""
         last, self.rendered = self.rendered, None  # until this render succeeds
         if edit is not None and last is not None and edit.base is last:
-            self._apply(devices, edit)
+            yield from self._apply(devices, edit, due)
         else:
-            self._render_all(devices)
+            yield from self._render_all(devices, due)
         self.rendered = devices
         if not self._names:
             return None
@@ -153,12 +185,14 @@ class SpecRenderer:
         made = (self._made[device_id] for device_id in self._order)
         return tuple(m.device for m in made if m.device is not None)
 
-    def _render_all(self, devices: Mapping[str, DeviceInfo]) -> None:
+    def _render_all(
+        self, devices: Mapping[str, DeviceInfo], due: Due
+    ) -> Generator[None, None, None]:
         made: dict[str, _Made] = {}
         edits_of: dict[int, ContainerEdits] = {}  # shares of one device have one DeviceInfo
         order = self._order
         if len(order) != len(devices) or not all(i in devices for i in order):
-            order = sorted(devices, key=natural_key)
+            order = yield from _natural_order(devices, due)
         fragments: list[bytes] = []
         versions: Counter[str] = Counter()
         names: set[str] = set()
@@ -167,17 +201,23 @@ class SpecRenderer:
             cached = self._made.get(device_id)
             if cached is None or cached.info is not info:
                 cached = self._make(device_id, info, edits_of)
+                if due():
+                    yield
             made[device_id] = cached
             fragments.append(cached.fragment)
             if cached.device is not None:
                 versions[cached.version] += 1
                 names.add(device_id)
+        # The state changes here only, after the last slice.
         self._made, self._order = made, order
         self._fragments, self._versions, self._names = fragments, versions, names
 
-    def _apply(self, devices: Mapping[str, DeviceInfo], edit: MapEdit) -> None:
+    def _apply(
+        self, devices: Mapping[str, DeviceInfo], edit: MapEdit, due: Due
+    ) -> Generator[None, None, None]:
         """The last render's state, edited: the ids ``edit`` took out go, the ids it put in
-        are made (first, so that an invalid device changes nothing) and take their place."""
+        are made (first, in slices, so that an invalid device or an abandoned render changes
+        nothing) and take their place (one step: bisects and list edits)."""
         edits_of: dict[int, ContainerEdits] = {}
         new: dict[str, _Made] = {}
         for device_id in edit.added:
@@ -185,6 +225,8 @@ class SpecRenderer:
             cached = self._made.get(device_id)
             if cached is None or cached.info is not info:
                 cached = self._make(device_id, info, edits_of)
+                if due():
+                    yield
             new[device_id] = cached
         for device_id in edit.removed - edit.added:
             old = self._made.pop(device_id, None)
@@ -232,3 +274,25 @@ class SpecRenderer:
         if problems:
             raise CdiSpecError(f"invalid CDI device {device_id!r}: {'; '.join(problems)}")
         return _Made(info, device, compact_json(device_document(device)), device_version(device))
+
+
+def _natural_order(ids: Iterable[str], due: Due) -> Generator[None, None, list[str]]:
+    """``sorted(ids, key=natural_key)`` in slices: the keys made and runs of SORT_RUN sorted a
+    slice at a time, then merged (sorting 10,000 ids at once blocks for ~40 ms). Keys end with
+    the id itself, so no two ids tie and the order is the one sorted() gives."""
+    keyed: list[tuple[NaturalKey, str]] = []
+    for device_id in ids:
+        keyed.append((natural_key(device_id), device_id))
+        if due():
+            yield
+    runs: list[list[tuple[NaturalKey, str]]] = []
+    for start in range(0, len(keyed), SORT_RUN):
+        runs.append(sorted(keyed[start : start + SORT_RUN]))
+        if due():
+            yield
+    order: list[str] = []
+    for _, device_id in heapq.merge(*runs):
+        order.append(device_id)
+        if due():
+            yield
+    return order

@@ -2,13 +2,20 @@
 
 All the pass's file I/O is here (through the :class:`~devplug.cdi.store.SpecStore`); the sync
 decides what to do (:mod:`devplug.cdi.plan`) and records what came of it.
+
+The pass yields to the hotplug path: renders run on the event loop in slices of SLICE_S, and
+before each slice and each spec's file work the pass awaits ``pause`` (the sync's: until the
+hotplug path is quiet). A uevent that arrives while a pass runs therefore waits for the rest
+of one slice at most, and its scan does not share the interpreter with CDI work.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping
+import time
+from collections.abc import Awaitable, Callable, Mapping
 
+from devplug.cdi.build import RenderedSpec
 from devplug.cdi.catalog import CdiResource
 from devplug.cdi.files import FileStamp, stamp
 from devplug.cdi.plan import Done, Outcome, Plan, Write
@@ -17,10 +24,23 @@ from devplug.errors import CdiSpecError
 
 # A resource's spec as last written: its bytes and the file's stamp.
 Previous = tuple[bytes, FileStamp | None]
+# Awaited between slices of CPU work and before each spec's file work.
+Pause = Callable[[], Awaitable[None]]
+
+# The longest a render runs on the loop before it lets others in (a uevent's read among them).
+SLICE_S = 0.001
+
+
+async def yield_to_loop() -> None:
+    """Let everything ready on the loop run first: one iteration to take our turn after the
+    callbacks of the file descriptors found ready (a uevent's read), one more so those run
+    before our next slice does."""
+    await asyncio.sleep(0)
+    await asyncio.sleep(0)
 
 
 async def carry_out(
-    store: SpecStore, plan: Plan, previous: Mapping[str, Previous]
+    store: SpecStore, plan: Plan, previous: Mapping[str, Previous], pause: Pause = yield_to_loop
 ) -> dict[str, Outcome]:
     """Build, compare and write specs; remove files. Never raises OSError: each
     resource's failure is its outcome."""
@@ -31,10 +51,11 @@ async def carry_out(
         return {r: exc for r in (*plan.write, *plan.verify, *plan.remove)}
     for resource, job in plan.write.items():
         try:
-            outcomes[resource] = await _write(store, resource, job, previous.get(resource))
+            outcomes[resource] = await _write(store, resource, job, previous.get(resource), pause)
         except (OSError, CdiSpecError) as exc:
             outcomes[resource] = exc
     for resource, check in plan.verify.items():
+        await pause()
         if await stamp(store.directory / check.file_name) == check.stamp:
             try:
                 await store.reclaim(check.file_name, resource, check.data)
@@ -47,6 +68,7 @@ async def carry_out(
         except OSError as exc:
             outcomes[resource] = exc
     for resource, removal in plan.remove.items():
+        await pause()
         try:
             await store.remove(removal.file_name, expected=removal.stamp)
             outcomes[resource] = None
@@ -55,9 +77,35 @@ async def carry_out(
     return outcomes
 
 
-async def _write(store: SpecStore, resource: str, job: Write, previous: Previous | None) -> Done:
-    # Rendering is CPU work (validating thousands of devices on a first render): a thread.
-    rendered = await asyncio.to_thread(job.renderer.render, job.devices, job.edit)
+async def render_in_slices(job: Write, pause: Pause) -> RenderedSpec | None:
+    """``job``'s render on the loop, SLICE_S at a time, ``pause`` awaited before each slice.
+
+    Not in a worker thread: a thread holding the GIL for a render lets the loop (and the
+    scan's own thread) in only every switch interval (5 ms), and cannot be paused."""
+    clock = time.perf_counter
+    deadline = 0.0
+
+    def due() -> bool:
+        return clock() >= deadline
+
+    steps = job.renderer.render_steps(job.devices, job.edit, due)
+    try:
+        while True:
+            await pause()
+            deadline = clock() + SLICE_S
+            next(steps)
+    except StopIteration as done:
+        result: RenderedSpec | None = done.value
+        return result
+    finally:
+        steps.close()  # cancelled between slices: the renderer's state is left as it was
+
+
+async def _write(
+    store: SpecStore, resource: str, job: Write, previous: Previous | None, pause: Pause
+) -> Done:
+    rendered = await render_in_slices(job, pause)
+    await pause()  # the file work too waits for a quiet hotplug path
     if rendered is None:
         await store.remove(job.file_name)
         return Done(b"", None, False, None)

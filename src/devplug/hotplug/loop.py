@@ -10,6 +10,9 @@ wakes the loop otherwise.
 
 Each result goes through the health gate and is handed to ``publish``: the daemon's
 composition passes it to the kubelet front, then to the CDI sync. The loop knows neither.
+Work that must never delay the hotplug path (the CDI sync's) awaits :meth:`ScanLoop.quiet`
+between its slices: it returns while the loop is parked with nothing pending, so from a
+uevent's read to its list's publication such work stands still.
 """
 
 from __future__ import annotations
@@ -82,10 +85,27 @@ class ScanLoop:
         self._retry = Backoff(RETRY_INITIAL_S, RETRY_MAX_S)
         # True while the last scan had a failed scanner (a full scan is due after a back-off).
         self._failing = False
+        # Set while the hotplug path is quiet (see quiet()); _parked: run() waits for work.
+        self._quiet = asyncio.Event()
+        self._parked = False
 
     def wake(self) -> None:
         """Something happened (a udev event): look at once."""
         self._wake.set()
+        self._quiet.clear()
+
+    async def quiet(self) -> None:
+        """Return once the hotplug path is quiet: the loop parked, waiting for work, with no
+        event, request or scan pending (at once if it is). After a uevent it returns only
+        once that event's tree has been published, so the kubelet front's streams, woken by
+        the publication, run before anything that awaited this."""
+        await self._quiet.wait()
+
+    def _note_quiet(self) -> None:
+        if self._parked and not self._wake.is_set() and not self._lock.locked():
+            self._quiet.set()
+        else:
+            self._quiet.clear()
 
     def request_scan(self) -> None:
         """Ask for a full scan now; returns at once."""
@@ -124,6 +144,7 @@ class ScanLoop:
     async def _scan_and_publish(self, events: Sequence[UdevEvent] | None) -> None:
         """A scan (incremental for ``events``, else full), published."""
         async with self._lock:
+            self._quiet.clear()
             result = await self.runner.scan(events)
             if self._observe is not None:
                 self._observe(result)
@@ -132,11 +153,14 @@ class ScanLoop:
             if not self._failing:
                 self._retry.reset()
             await self._publish(self.health.gate(self._raw), self._owners)
+        self._note_quiet()
 
     async def _publish_health(self) -> None:
         """Publish devices whose hold-down ended (no rescan: the scanners' view is current)."""
         async with self._lock:
+            self._quiet.clear()
             await self._publish(self.health.gate(self._raw), self._owners)
+        self._note_quiet()
 
     def _resync_period(self) -> float:
         """Until the next full scan: soon after a failed one, else the resync (or poll) period."""
@@ -189,6 +213,9 @@ class ScanLoop:
                     await self._publish_health()
         finally:
             self.listener.close()
+            # Nothing to give way to any more: whoever waits for quiet must not wait forever.
+            self._parked = True
+            self._quiet.set()
 
     async def _coalesce(self, most_s: float) -> None:
         """Wait until no datagram was read for QUIET_GAP_S, or ``most_s`` at most."""
@@ -208,6 +235,12 @@ class ScanLoop:
         if health_due is not None:
             # The gate has its own clock: convert its deadline to loop time.
             deadline = min(deadline, now() + health_due - self.health.now())
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout_at(deadline):
-                await self._wake.wait()
+        self._parked = True
+        self._note_quiet()
+        try:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout_at(deadline):
+                    await self._wake.wait()
+        finally:
+            self._parked = False
+            self._quiet.clear()
