@@ -166,3 +166,82 @@ def test_a_config_error_still_names_the_field(tmp_path: Path) -> None:
     config.write_text("scanners: {generic: [{resource: example.com/mem, match: {subsystm: x}}]}")
     report = run_command(tmp_path, "run", "--config", str(config))
     assert report["exit"] == 2
+
+
+# ``devplug run`` as the process's own command line (sys.argv), with Daemon.run replaced by a
+# probe: whether the collector ran while pydantic and grpc imported, and when the daemon runs.
+RUN_PROBED = textwrap.dedent(
+    """
+    import gc, importlib.machinery, json, sys
+
+    report = {{}}
+
+
+    async def probe(self):
+        report["running"] = [gc.isenabled(), gc.get_freeze_count() > 0]
+
+
+    class Watch:
+        def find_spec(self, name, path=None, target=None):
+            if name in ("pydantic", "grpc") and name not in report:
+                report[name] = gc.isenabled()
+            if name != "devplug.daemon":
+                return None
+            spec = importlib.machinery.PathFinder.find_spec(name, path)
+            run_module = spec.loader.exec_module
+
+            def exec_module(module):
+                run_module(module)
+                module.Daemon.run = probe
+
+            spec.loader.exec_module = exec_module
+            return spec
+
+
+    sys.meta_path.insert(0, Watch())
+    sys.argv = ["devplug", "run", *{args!r}]
+    from devplug.cli import main
+
+    report["exit"] = main()
+    report["after"] = gc.isenabled()
+    print(json.dumps(report))
+    """
+)
+
+
+def run_probed(tmp_path: Path, *args: str) -> dict[str, Any]:
+    script = tmp_path / "probed.py"
+    script.write_text(RUN_PROBED.format(args=list(args)))
+    result = subprocess.run(
+        [sys.executable, str(script)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        env={k: v for k, v in os.environ.items() if not k.startswith("DEVPLUG_")},
+    )
+    assert result.returncode == 0, result.stderr
+    report: dict[str, Any] = json.loads(result.stdout.splitlines()[-1])
+    return report
+
+
+def test_run_imports_with_the_collector_off_and_serves_with_it_on(tmp_path: Path) -> None:
+    """The collector's passes over the objects imports create (15-20 ms of start-up) are
+    skipped; the daemon runs with it on again, the imported objects frozen."""
+    args = ["--config", str(config_file(tmp_path)), "--kubelet-dir", str(tmp_path / "kubelet")]
+    args += ["--cdi-dir", str(tmp_path / "cdi"), "--log-format", "json"]
+    report = run_probed(tmp_path, *args)
+    assert report == {
+        "pydantic": False,
+        "grpc": False,
+        "running": [True, True],
+        "exit": 0,
+        "after": True,
+    }
+
+
+def test_a_refused_config_leaves_the_collector_on(tmp_path: Path) -> None:
+    config = tmp_path / "config.yaml"
+    config.write_text("scanners: {generic: [{resource: example.com/mem, match: {subsystm: x}}]}")
+    report = run_probed(tmp_path, "--config", str(config))
+    assert report == {"pydantic": False, "exit": 2, "after": True}

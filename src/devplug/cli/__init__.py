@@ -64,9 +64,18 @@ def main(
     if argv is None:
         argv = sys.argv[1:]
         if _command(argv) == "run":
-            from devplug.plugin import guard_signals
+            from devplug.plugin import guard_signals, pause_gc, resume_gc
 
             guard_signals()  # first: until now a SIGHUP's default action kills the process
+            pause_gc()  # while the daemon's modules import (resumed before it scans)
+            try:
+                return _main(argv, scanners, program)
+            finally:
+                resume_gc()  # if the daemon never ran (a refused config, say)
+    return _main(argv, scanners, program)
+
+
+def _main(argv: Sequence[str], scanners: Mapping[str, ScannerFactory] | None, program: str) -> int:
     argv = list(argv)
     if argv in (["version"], ["--version"]):
         print(f"{program} {__version__}")
