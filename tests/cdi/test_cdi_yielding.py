@@ -1,0 +1,183 @@
+"""CDI work gives way to the hotplug path: renders in slices that give the same bytes as a
+whole render, and a sync that waits for the hotplug path's quiet before each slice."""
+
+from __future__ import annotations
+
+import asyncio
+import posixpath
+import random
+from collections.abc import Mapping
+from pathlib import Path
+
+from devplug.cdi import spec as spec_module
+from devplug.cdi.build import (
+    SORT_RUN,
+    RenderedSpec,
+    SpecRenderer,
+    _natural_order,
+    resource_spec,
+)
+from devplug.cdi.catalog import CdiCatalog
+from devplug.cdi.spec import ContainerEdits, MountEdit, spec_json
+from devplug.cdi.sync import CdiSync
+from devplug.config import CdiSettings
+from devplug.model import DeviceInfo, DeviceNode, DeviceTree, MapEdit, Mount
+from devplug.naming import natural_key
+
+KIND = RESOURCE = "example.com/serial"
+SPEC_FILE = "example.com-serial.json"
+
+
+def device(index: int, variant: int = 0) -> DeviceInfo:
+    return DeviceInfo(
+        nodes=(DeviceNode(f"/dev/ttyX{index}" if not variant else f"/dev/ttyV{variant}.{index}"),),
+        mounts=(Mount(f"/run/serial/{index}"),),
+    )
+
+
+def always_due() -> bool:
+    return True
+
+
+def sliced(
+    renderer: SpecRenderer, devices: Mapping[str, DeviceInfo], edit: MapEdit | None
+) -> RenderedSpec | None:
+    """The render, one step per yield (the most slices a render can have)."""
+    steps = renderer.render_steps(devices, edit, always_due)
+    while True:
+        try:
+            next(steps)
+        except StopIteration as done:
+            result: RenderedSpec | None = done.value
+            return result
+
+
+def test_a_render_in_slices_gives_what_a_whole_render_gives_through_random_edits() -> None:
+    """A random walk of edits, rendered in the most slices possible, some renders abandoned
+    half-way (the CDI task cancelled): each finished render gives the bytes and names of a
+    plain render, and an abandoned one leaves nothing wrong behind."""
+    rng = random.Random(1605)
+    renderer = SpecRenderer(KIND)
+    tree = DeviceTree({RESOURCE: {f"dev{i}": device(i) for i in range(40)}})
+    abandoned = edited = 0
+    for step in range(400):
+        devices = tree[RESOURCE]
+        removed = [(RESOURCE, i) for i in devices if rng.random() < 0.05]
+        added = {
+            f"dev{i}": device(i, variant=rng.randrange(3))
+            for i in rng.sample(range(80), rng.randrange(5))
+            if f"dev{i}" not in devices or (RESOURCE, f"dev{i}") in removed
+        }
+        new = tree.with_changes(removed, {RESOURCE: added} if added else {})
+        if RESOURCE not in new:
+            continue
+        last = renderer.rendered
+        edit = None if last is None else new.edit_since(RESOURCE, last)
+        if rng.random() < 0.1:
+            steps = renderer.render_steps(new[RESOURCE], edit, always_due)
+            for _ in range(rng.randrange(1, 4)):
+                next(steps, None)
+            steps.close()
+            abandoned += 1
+            tree = new  # the tree moves on; the next render looks at every device
+            continue
+        edited += edit is not None
+        rendered = sliced(renderer, new[RESOURCE], edit)
+        spec = resource_spec(KIND, new[RESOURCE])
+        assert spec is not None
+        assert rendered is not None and rendered.data == spec_json(spec), step
+        assert rendered.names == {d.name for d in spec.devices}
+        tree = new
+    assert abandoned > 20 and edited > 200
+
+
+def test_a_render_yields_between_slices() -> None:
+    renderer = SpecRenderer(KIND)
+    steps = renderer.render_steps({f"dev{i}": device(i) for i in range(600)}, None, always_due)
+    assert sum(1 for _ in steps) > 600  # keys, sorted runs, merge and devices, each a slice
+
+
+def test_the_natural_order_in_slices_is_sorted_by_natural_key() -> None:
+    rng = random.Random(16)
+    for size in (0, 1, SORT_RUN - 1, SORT_RUN, SORT_RUN * 3 + 7):
+        ids = [
+            rng.choice(["gpu", "dev", "0000:0a:00.", "x-", ""]) + str(rng.randrange(10_000))
+            for _ in range(size)
+        ]
+        ids = list(dict.fromkeys(ids))
+        steps = _natural_order(ids, always_due)
+        order: list[str] | None = None
+        while order is None:
+            try:
+                next(steps)
+            except StopIteration as done:
+                order = done.value
+        assert order == sorted(ids, key=natural_key)
+
+
+def _absolute_by_normpath(value: str) -> bool:
+    """The rule as the CDI library's Clean has it, without the fast path."""
+    return (
+        value.startswith("/")
+        and not value.startswith("//")
+        and "\0" not in value
+        and posixpath.normpath(value) == value
+    )
+
+
+def test_the_fast_path_check_agrees_with_normpath() -> None:
+    rng = random.Random(7)
+    parts = ["/", ".", "..", "a", "dev", ".x", "x.", "\0", "//"]
+    for _ in range(20_000):
+        value = "".join(rng.choice(parts) for _ in range(rng.randrange(1, 7)))
+        assert spec_module._absolute(value) == _absolute_by_normpath(value), value
+
+
+def test_bad_mount_options_are_refused_after_good_ones_were_seen() -> None:
+    good = ContainerEdits(mounts=(MountEdit("/a", "/a", ("ro", "bind")),))
+    bad = ContainerEdits(mounts=(MountEdit("/a", "/a", ("ro", "")),))
+    comma = ContainerEdits(mounts=(MountEdit("/a", "/a", ("ro,bind",)),))
+    assert not list(spec_module._edits_problems(good, "x"))
+    assert not list(spec_module._edits_problems(good, "x"))  # now known good
+    assert list(spec_module._edits_problems(bad, "x")) == [
+        "x.mounts['/a']: invalid options ['ro', '']"
+    ]
+    assert list(spec_module._edits_problems(comma, "x"))
+
+
+class Gate:
+    """Stands in for the scan loop's quiet(): closed while a hotplug pass is under way."""
+
+    def __init__(self) -> None:
+        self.open = asyncio.Event()
+        self.open.set()
+        self.waits = 0
+
+    async def __call__(self) -> None:
+        self.waits += 1
+        await self.open.wait()
+
+
+async def test_a_pass_waits_for_the_hotplug_path_and_renders_in_slices(tmp_path: Path) -> None:
+    cdi_dir = tmp_path / "cdi"
+    gate = Gate()
+    catalog = CdiCatalog()
+    sync = CdiSync(CdiSettings(dir=cdi_dir), catalog, "test", quiet=gate)
+    task = asyncio.create_task(sync.run())
+    try:
+        gate.open.clear()  # a hotplug pass is under way
+        sync.submit(DeviceTree({RESOURCE: {f"dev{i}": device(i) for i in range(3000)}}))
+        await asyncio.sleep(0.3)
+        assert not (cdi_dir / SPEC_FILE).exists() and catalog.get(RESOURCE) is None
+        assert gate.waits >= 1
+        gate.open.set()
+        async with asyncio.timeout(10):
+            while catalog.get(RESOURCE) is None:  # noqa: ASYNC110 - the task exposes state
+                await asyncio.sleep(0.005)
+        assert (cdi_dir / SPEC_FILE).exists()
+        # 3,000 devices are more than one slice's work: the gate was asked between slices.
+        assert gate.waits > 3
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        await sync.close()
