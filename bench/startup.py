@@ -10,13 +10,16 @@ starts:
   node of the host) and read what devplug reads of each device (its devnode, its udev
   properties). The 10,000-GPU goal is start -> first list <= 1.2x this floor.
 
-``--python runtime`` (the default, with ``current`` as well under ``both``) runs the daemon
-the way operators install it: a venv holding the checkout and its runtime dependencies only
-(``.bench/runtime-venv``, created on first use), without the test extras, which pull in
-``rich`` (structlog imports it when present: ~60 ms). ``current`` is this interpreter.
+``--python runtime`` runs the daemon the way operators install it: a venv holding the
+checkout and its runtime dependencies only (``.bench/runtime-venv``, created on first use),
+without the test extras, which pull in ``rich`` (structlog imports it when present: ~60 ms).
+``current`` is this interpreter; ``both`` (the default) interleaves the two. devplug's sources
+are byte-compiled first: an install from a wheel has its .pyc, and this machine sets
+PYTHONDONTWRITEBYTECODE, which would otherwise make every start compile them (~90 ms).
+``--env PYTHONPATH=<a worktree>/src`` times another commit with the same interpreters.
 
     umockdev-wrapper .venv/bin/python -m bench.startup [--devices 1000] [--runs 7] \\
-        [--python runtime|current|both]
+        [--python runtime|current|both] [--env NAME=VALUE]
 """
 
 from __future__ import annotations
@@ -35,6 +38,8 @@ from pathlib import Path
 from bench.common import (
     RENDER_CONFIG,
     RENDER_RESOURCE,
+    REPO,
+    compile_bytecode,
     daemon_process,
     env_pairs,
     gpu_host,
@@ -137,6 +142,9 @@ def report(samples: Samples, devices: int) -> None:
 
 async def main(devices: int, runs: int, pythons: list[str], env: dict[str, str]) -> None:
     require_preload()
+    trees = [REPO / "src", *filter(None, env.get("PYTHONPATH", "").split(os.pathsep))]
+    for python in pythons:
+        compile_bytecode(python, *trees)
     everything = [Samples(python) for python in pythons]
     with scratch_dir("4g") as scratch:
         host = gpu_host(scratch / "testbed", devices)
@@ -147,7 +155,7 @@ async def main(devices: int, runs: int, pythons: list[str], env: dict[str, str])
             for index, samples in enumerate(everything):
                 await one_run(samples, host, scratch / f"kubelet{run}-{index}", env)
                 assert samples.listed[-1] == devices, samples.listed
-    print(f"devices: {devices}, runs: {runs} (interleaved)")
+    print(f"devices: {devices}, runs: {runs} (interleaved); bytecode compiled first, as pip does")
     for samples in everything:
         report(samples, devices)
 
