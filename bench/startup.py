@@ -142,7 +142,7 @@ def report(samples: Samples, devices: int) -> None:
 
 async def main(devices: int, runs: int, pythons: list[str], env: dict[str, str]) -> None:
     require_preload()
-    trees = [REPO / "src", *filter(None, env.get("PYTHONPATH", "").split(os.pathsep))]
+    trees = [str(REPO / "src"), *filter(None, env.get("PYTHONPATH", "").split(os.pathsep))]
     for python in pythons:
         compile_bytecode(python, *trees)
     everything = [Samples(python) for python in pythons]
