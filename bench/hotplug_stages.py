@@ -52,6 +52,7 @@ from bench.common import (
     percentile,
     require_preload,
     scratch_dir,
+    summary_ms,
 )
 from bench.hotplug import SETTLE_S, arrival, new_gpu
 from devplug._proto import deviceplugin_v1beta1_pb2 as pb
@@ -291,6 +292,20 @@ async def run_size(scratch: Path, devices: int, samples: int) -> None:
             f"pass with the write p50 {percentile(passes, 0.5) * 1000:.2f} ms); samples whose "
             f"window a CDI pass overlapped: {overlapping} of {len(windows)}"
         )
+    # How soon the spec on disk is current: from a list's arrival at the simulator to the end
+    # of the first CDI pass that started after that list's publication (a pass writes the
+    # latest tree when it starts).
+    current: list[float] = []
+    publishes = [r for r in records if r[0] == "publish"]
+    for _, started, arrived in windows:
+        published = next((r for r in publishes if r[1] >= started), None)
+        after = published and next(
+            (r for r in cdi if r[0] == "cdi.pass" and r[1] >= published[2]), None
+        )
+        if after:
+            current.append(after[2] - arrived)
+    if current:
+        print(f"spec on disk current after the list arrived: {summary_ms(current)}")
     print(
         f"{'stage':<26} {'add p50':>8} {'add p99':>8} {'rm p50':>8} {'rm p99':>8} "
         f"{'all max':>8}  (ms)"

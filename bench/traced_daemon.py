@@ -24,7 +24,9 @@ Stages, in the order an event meets them:
     build       ListMessageBuilder.build          ... the message build (encoded entries)
     serialize   the ListAndWatch response serializer (bytes pass through; grpc calls it)
     cdi.pass    carry_out                         a CDI pass's render and file I/O (after)
-    cdi.render  SpecRenderer.render               ... its render, in a worker thread
+    cdi.render  carry_out.render_in_slices        ... its render, in slices on the loop (the
+                                                  waits between slices, for the hotplug
+                                                  path's quiet, included)
 """
 
 from __future__ import annotations
@@ -79,7 +81,7 @@ def install() -> None:
     import grpc
 
     from devplug import daemon, model
-    from devplug.cdi import build, sync
+    from devplug.cdi import carry_out, sync
     from devplug.hotplug import health, list_limit, listener, scanning
     from devplug.kubelet import servers, servicer, wire
     from devplug.ops import metrics
@@ -98,7 +100,7 @@ def install() -> None:
     _wrap(metrics.Metrics, "set_devices", "metrics")
     _wrap(servicer.DevicePluginServicer, "_list_message", "message")
     _wrap(wire.ListMessageBuilder, "build", "build")
-    _wrap(build.SpecRenderer, "render", "cdi.render")
+    carry_out.render_in_slices = _timed("cdi.render", carry_out.render_in_slices)
     sync.carry_out = _timed("cdi.pass", sync.carry_out)  # type: ignore[attr-defined]
 
     plain = grpc.unary_stream_rpc_method_handler
