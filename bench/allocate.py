@@ -29,9 +29,11 @@ import contextlib
 import os
 import random
 import sys
+import tempfile
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from pathlib import Path
+from typing import Any
 
 import grpc
 
@@ -46,9 +48,11 @@ from bench.common import (
     scratch_dir,
     summary_ms,
 )
-from bench.floor_server import METHOD, SIZED_METHOD
+from bench.floor_server import CDI_KIND, METHOD, SIZED_METHOD, render_tree
 from devplug._proto import deviceplugin_v1beta1_pb2 as pb
 from devplug._proto import deviceplugin_v1beta1_pb2_grpc as pb_grpc
+from devplug.kubelet.servicer import DevicePluginServicer
+from devplug.model import ContainerAllocation, DeviceMap
 from devplug.testing import KubeletSimulator
 
 Call = Callable[[], Awaitable[object]]
@@ -243,6 +247,129 @@ async def main(devices: int, callers: int, per_caller: int, round_count: int) ->
     report(samples, rounds, cpu, goal)
 
 
+def timed(work: Callable[[], object], count: int = 20_000) -> float:
+    """Microseconds per call of ``work``, best of three runs."""
+    best = float("inf")
+    for _ in range(3):
+        started = time.perf_counter()
+        for _ in range(count):
+            work()
+        best = min(best, (time.perf_counter() - started) / count)
+    return best * 1e6
+
+
+def parts(devices: int) -> None:
+    """One Allocate of one render node split into its parts, in this process: the daemon's
+    servicer with its CDI names (a spec on disk, confirmed per call), metrics and JSON logs
+    (to /dev/null). Hit: the request was answered before under the same snapshot."""
+    from devplug import logconfig
+    from devplug._kits.values import LatestValue
+    from devplug.cdi.allocate import CdiNames, CdiOptions
+    from devplug.cdi.catalog import CdiCatalog, CdiResource
+    from devplug.cdi.files import file_stamp
+    from devplug.kubelet.allocation import default_allocation
+    from devplug.kubelet.servicer import DevicePluginServicer
+    from devplug.kubelet.wire import container_response
+    from devplug.ops.metrics import Metrics
+
+    tree = render_tree(devices)
+    device_id = next(iter(tree))
+    catalog = CdiCatalog()
+    stderr = sys.stderr
+    with tempfile.NamedTemporaryFile(suffix=".json") as spec, open(os.devnull, "w") as devnull:
+        # Configured before the servicer binds its logger, with the daemon's settings; the
+        # renderer writes to the stderr of configure(), here /dev/null as in the bench daemon.
+        sys.stderr = devnull
+        try:
+            logconfig.configure("json", "info")
+        finally:
+            sys.stderr = stderr
+        path = Path(spec.name)
+        catalog.set(
+            CDI_KIND,
+            CdiResource(CDI_KIND, path.name, frozenset(tree), tree, path, file_stamp(path)),
+        )
+        names = CdiNames(CdiOptions(catalog, annotations=False, device_specs=True))
+        servicer = DevicePluginServicer(CDI_KIND, LatestValue(tree), None, names, Metrics())
+        raw = pb.AllocateRequest(
+            container_requests=[pb.ContainerAllocateRequest(devices_ids=[device_id])]
+        ).SerializeToString()
+        message = pb.AllocateRequest.FromString(raw)
+        ids = [device_id]
+        plain = default_allocation(ids, tree)
+        named = names.extend(CDI_KIND, ids, plain, tree)
+        response = pb.AllocateResponse(container_responses=[container_response(named)])
+        table = parts_table(servicer, raw, message, ids, tree, plain, named, response)
+    width = max(map(len, table)) + 1
+    print(
+        f"one Allocate's parts in process, us per call ({len(tree)} devices, answer "
+        f"{len(response.SerializeToString())} bytes; the empty floor's is 0):"
+    )
+    for name, micros in table.items():
+        print(f"  {name + ':':{width}} {micros:6.2f}")
+
+
+def parts_table(
+    servicer: DevicePluginServicer,
+    raw: bytes,
+    message: pb.AllocateRequest,
+    ids: list[str],
+    tree: DeviceMap,
+    plain: ContainerAllocation,
+    named: ContainerAllocation,
+    response: pb.AllocateResponse,
+) -> dict[str, float]:
+    from devplug.kubelet.allocation import check_request, check_size, default_allocation
+    from devplug.kubelet.servicer import _allocate_request
+    from devplug.kubelet.wire import container_response
+
+    extension = servicer.extension
+    assert extension is not None
+    loop = asyncio.new_event_loop()
+    context: Any = None  # no refusal is asked for
+
+    def allocate(fresh: bool, count: int = 5_000) -> float:
+        """The handler until it returns the answer, best of three runs; its deferred metrics
+        and log line run afterwards, untimed (see the last line of the table)."""
+
+        async def calls() -> float:
+            started = time.perf_counter()
+            for _ in range(count):
+                if fresh:
+                    servicer._answers.clear()
+                await servicer.Allocate((raw, message), context)
+            return (time.perf_counter() - started) / count
+
+        return min(loop.run_until_complete(calls()) for _ in range(3)) * 1e6
+
+    def checks() -> None:
+        requests = message.container_requests
+        check_size(CDI_KIND, [c.devices_ids for c in requests], tree)
+        check_request(CDI_KIND, [list(c.devices_ids) for c in requests], tree)
+
+    def deferred() -> None:
+        servicer._allocated(servicer._answers[raw].logged)
+
+    try:
+        return {
+            "request parse (with its bytes)": timed(lambda: _allocate_request(raw)),
+            "CDI spec confirm (lstat)": timed(lambda: extension.confirm(CDI_KIND)),
+            "hit: cache lookup": timed(lambda: servicer._cached_answer(raw, tree)),
+            "miss: id checks": timed(checks),
+            "miss: default answer": timed(lambda: default_allocation(ids, tree)),
+            "miss: CDI names": timed(lambda: extension.extend(CDI_KIND, ids, plain, tree)),
+            "miss: response build": timed(
+                lambda: pb.AllocateResponse(container_responses=[container_response(named)])
+            ),
+            "miss: serialization": timed(response.SerializeToString),
+            "handler until its answer, hit": allocate(fresh=False),
+            "handler until its answer, miss": allocate(fresh=True),
+            "after the answer: metrics + log line": timed(deferred),
+        }
+    finally:
+        loop.close()
+
+
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -251,5 +378,10 @@ if __name__ == "__main__":
     parser.add_argument("--callers", type=int, default=50)
     parser.add_argument("--per-caller", type=int, default=20, help="calls per caller per round")
     parser.add_argument("--rounds", type=int, default=10)
+    parser.add_argument(
+        "--parts-only", action="store_true", help="only one Allocate's parts, in process"
+    )
     args = parser.parse_args()
-    asyncio.run(main(args.devices, args.callers, args.per_caller, args.rounds))
+    if not args.parts_only:
+        asyncio.run(main(args.devices, args.callers, args.per_caller, args.rounds))
+    parts(args.devices)

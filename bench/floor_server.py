@@ -22,15 +22,19 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+from typing import TYPE_CHECKING
 
 import grpc
 
 from devplug._proto import deviceplugin_v1beta1_pb2 as pb
 
+if TYPE_CHECKING:
+    from devplug.model import DeviceMap
+
 METHOD = "/devplug.bench.Floor/Empty"
 SIZED_METHOD = "/devplug.bench.Floor/Sized"
-# Render nodes as the bench daemon serves them (bench.common's RENDER_MINOR_BASE), and the CDI
-# kind of its resource.
+# Render nodes as the bench daemon serves them (bench.common's RENDER_MINOR_BASE), and its
+# resource, which is also its CDI kind.
 RENDER_MINOR_BASE = 100_000
 CDI_KIND = "example.com/render"
 
@@ -65,23 +69,29 @@ async def sized(
     )
 
 
-def add_servicer(server: grpc.aio.Server, devices: int) -> None:
-    """devplug's servicer over ``devices`` render nodes (imported here: the empty floor's
-    process needs none of it)."""
-    from devplug import logconfig
-    from devplug._kits.values import LatestValue
-    from devplug.kubelet.servicer import DevicePluginServicer, add_to_server
+def render_tree(count: int) -> DeviceMap:
+    """``count`` render nodes as the bench daemon's generic scanner finds them (imported here:
+    the empty floor's process needs none of devplug)."""
     from devplug.model import DeviceInfo, DeviceNode
 
-    # Logs on stderr, and only problems: stdout is the "ready" pipe nobody drains after.
-    logconfig.configure("json", "warning")
-    tree = {
+    return {
         f"dri_renderD{minor}": DeviceInfo(
             nodes=(DeviceNode(f"/dev/dri/renderD{minor}"),), numa_nodes=(index % 2,)
         )
-        for index, minor in enumerate(range(RENDER_MINOR_BASE, RENDER_MINOR_BASE + devices))
+        for index, minor in enumerate(range(RENDER_MINOR_BASE, RENDER_MINOR_BASE + count))
     }
-    add_to_server(DevicePluginServicer("example.com/render", LatestValue(tree), None), server)
+
+
+def add_servicer(server: grpc.aio.Server, devices: int) -> None:
+    """devplug's servicer over ``devices`` render nodes."""
+    from devplug import logconfig
+    from devplug._kits.values import LatestValue
+    from devplug.kubelet.servicer import DevicePluginServicer, add_to_server
+
+    # Logs on stderr, and only problems: stdout is the "ready" pipe nobody drains after.
+    logconfig.configure("json", "warning")
+    tree = LatestValue(render_tree(devices))
+    add_to_server(DevicePluginServicer(CDI_KIND, tree, None), server)
 
 
 async def serve(path: str, devices: int) -> None:
