@@ -16,7 +16,13 @@ from devplug.config import Settings
 from devplug.errors import ConfigError
 from devplug.model import DeviceInfo, DeviceNode
 from devplug.scanners.base import Scanner
-from devplug.testing import KubeletSimulator, daemon_process, daemon_settings, running_daemon
+from devplug.testing import (
+    KubeletSimulator,
+    daemon_process,
+    daemon_settings,
+    eventually,
+    running_daemon,
+)
 from devplug.testing.harness import StaticScanner
 
 OLD = "example.com/old"
@@ -25,13 +31,6 @@ NEW = "example.com/new"
 
 def one_device(resource: str) -> StaticScanner:
     return StaticScanner({resource: {"dev0": DeviceInfo(nodes=(DeviceNode("/dev/null"),))}})
-
-
-async def eventually_true(condition: object, timeout: float = 10.0) -> None:
-    assert callable(condition)
-    async with asyncio.timeout(timeout):
-        while not condition():  # noqa: ASYNC110 - the daemon exposes counters, not events
-            await asyncio.sleep(0.01)
 
 
 async def test_a_good_config_is_applied_and_a_bad_one_refused(
@@ -56,7 +55,7 @@ async def test_a_good_config_is_applied_and_a_bad_one_refused(
 
         with structlog.testing.capture_logs() as logs:
             daemon.request_reload()
-            await eventually_true(lambda: len(answers) == 2)  # the refused one was read
+            await eventually(lambda: len(answers) == 2, timeout=10)  # the refused one was read
             await daemon.rescan()
         (refused,) = [e for e in logs if e["event"] == "config.reload.refused"]
         assert refused["field"] == "scanners.generic[0].resource"
@@ -172,7 +171,9 @@ async def test_a_config_the_host_cannot_be_served_with_is_refused_not_fatal(
         await old.wait_for_update()
         with structlog.testing.capture_logs() as logs:
             daemon.request_reload()
-            await eventually_true(lambda: any(e["event"] == "config.reload.refused" for e in logs))
+            await eventually(
+                lambda: any(e["event"] == "config.reload.refused" for e in logs), timeout=10
+            )
         (refused,) = [e for e in logs if e["event"] == "config.reload.refused"]
         assert refused["field"] == "scanners.intel_gpu.shared_dev_num"
         assert daemon.stats.value.reloads == 0

@@ -48,6 +48,7 @@ from devplug.testing import (
     StaticScanner,
     daemon_process,
     daemon_settings,
+    eventually,
     running_daemon,
 )
 from devplug.testing.simulator import ListedDevice
@@ -94,13 +95,6 @@ def hotplug() -> HotplugSettings:
     )
 
 
-async def eventually(condition: Callable[[], bool], timeout: float = WAIT_S) -> None:
-    """Wait until ``condition()`` holds (state owned by the daemon, with no event to await)."""
-    async with asyncio.timeout(timeout):
-        while not condition():  # noqa: ASYNC110 - the daemon exposes state, not events
-            await asyncio.sleep(0.01)
-
-
 LogEntry = Mapping[str, Any]
 
 
@@ -110,7 +104,7 @@ def named(logs: Sequence[LogEntry], event: str) -> list[LogEntry]:
 
 async def logged_more(logs: Sequence[LogEntry], event: str, than: int) -> None:
     """Wait until ``event`` has been logged more than ``than`` times."""
-    await eventually(lambda: len(named(logs, event)) > than)
+    await eventually(lambda: len(named(logs, event)) > than, timeout=WAIT_S)
 
 
 def trouble(logs: Sequence[LogEntry]) -> list[LogEntry]:
@@ -318,7 +312,7 @@ async def test_a_device_vanishing_between_enumeration_and_reads(
                     await daemon.rescan()
                 else:
                     await host.emit_async("change", event_path)
-                await eventually(lambda: bool(trap.removed))
+                await eventually(lambda: bool(trap.removed), timeout=WAIT_S)
                 remaining.discard(device_id)
                 listed = await session.wait_for_update(not_healthy(device_id))
                 assert {i for i, d in listed.items() if d.health == "Healthy"} == remaining
@@ -633,7 +627,7 @@ async def test_the_cdi_dir_deleted_while_running(
         ) as daemon:
             session = await kubelet.wait_for_plugin(SERIAL)
             await session.wait_for_update(lambda listed: len(listed) == 2)
-            await eventually(spec.exists)
+            await eventually(spec.exists, timeout=WAIT_S)
             expected = {"ttyUSB0", "ttyUSB1"}
 
             for round_ in range(rounds):
@@ -652,7 +646,7 @@ async def test_the_cdi_dir_deleted_while_running(
                         await host.emit_async("add", path)
                     expected.add(f"ttyUSB{index}")
                     await session.wait_for_update(lambda listed: set(listed) == expected)
-                await eventually(functools.partial(spec_writes_above, logs, writes))
+                await eventually(functools.partial(spec_writes_above, logs, writes), timeout=WAIT_S)
                 # Allocate noticing the missing spec may write it back first, as it was; the
                 # new device's spec follows.
                 await eventually(
@@ -660,11 +654,12 @@ async def test_the_cdi_dir_deleted_while_running(
                         spec.exists()
                         and {d["name"] for d in json.loads(spec.read_bytes())["devices"]}
                         == expected
-                    )
+                    ),
+                    timeout=WAIT_S,
                 )
                 assert visible(cdi_dir) == [SERIAL_SPEC]  # no temp file, no copy
                 newest = sorted(expected)[-1]
-                await eventually(functools.partial(cdi_names, daemon, newest))
+                await eventually(functools.partial(cdi_names, daemon, newest), timeout=WAIT_S)
                 (answer,) = await session.allocate([newest])
                 assert answer.cdi_devices == (f"{SERIAL}={newest}",)
             assert daemon_task_alive()
@@ -686,7 +681,9 @@ async def test_no_cdi_name_is_sent_for_a_spec_that_was_deleted(
         # Every name sent must resolve when the runtime looks it up.
         assert answer.cdi_devices == () or spec.exists()
         # Noticing it, devplug writes the spec again at once (not at the next resync).
-        await eventually(lambda: spec.exists() and daemon.cdi_catalog.get(SERIAL) is not None)
+        await eventually(
+            lambda: spec.exists() and daemon.cdi_catalog.get(SERIAL) is not None, timeout=WAIT_S
+        )
         (again,) = await session.allocate(["dev0"])
         assert again.cdi_devices == (f"{SERIAL}=dev0",)
 
@@ -713,7 +710,7 @@ class JsonLog:
         return named(self.entries(), event)
 
     async def wait_for(self, event: str, count: int = 1) -> LogEntry:
-        await eventually(lambda: len(self.named(event)) >= count)
+        await eventually(lambda: len(self.named(event)) >= count, timeout=WAIT_S)
         return self.named(event)[count - 1]
 
 

@@ -20,7 +20,7 @@ from typing import Any
 
 from devplug.kubelet.server import socket_path_for
 from devplug.scanners.udev import NAME_MAX, node_path_problem
-from devplug.testing import KubeletSimulator, daemon_process
+from devplug.testing import KubeletSimulator, daemon_process, eventually
 from devplug.testing.umockdev import UmockdevHost, add_usb_serial
 
 SERIAL = "example.com/serial"
@@ -42,12 +42,6 @@ def entries(path: Path) -> list[LogEntry]:
         return []
     lines = path.read_text(encoding="utf-8").splitlines(keepends=True)
     return [json.loads(line) for line in lines if line.endswith("\n")]
-
-
-async def eventually(condition: Callable[[], bool], timeout: float = WAIT_S) -> None:
-    async with asyncio.timeout(timeout):
-        while not condition():  # noqa: ASYNC110 - a child's log file has no events
-            await asyncio.sleep(0.02)
 
 
 @contextlib.asynccontextmanager
@@ -119,12 +113,12 @@ async def test_a_hotplugged_node_name_over_name_max_neither_crashes_nor_leaves_f
             host.emit("add", good)
             want = {"ttyUSB0"} | {f"ttyUSB{2 * r + 1}" for r in range(round_ + 1)}
             await session.wait_for_update(exactly(want))
-            await eventually(warned_about(log, set(bad)))
+            await eventually(warned_about(log, set(bad)), timeout=WAIT_S)
             assert process.returncode is None, "the daemon died"
         assert not socket_path_for(kubelet_dir, LONG).exists()
         # The CDI sync writes after the servers are told: wait for the good spec, then check
         # that it is the only one.
-        await eventually(lambda: (cdi_dir / "example.com-serial.json").exists())
+        await eventually(lambda: (cdi_dir / "example.com-serial.json").exists(), timeout=WAIT_S)
         assert [n for n in os.listdir(cdi_dir) if n.endswith(".json")] == [
             "example.com-serial.json"
         ]

@@ -66,12 +66,6 @@ def open_fds(pid: int) -> int:
     return len(os.listdir(f"/proc/{pid}/fd"))
 
 
-async def eventually(condition: Callable[[], bool], timeout: float = WAIT_S) -> None:
-    async with asyncio.timeout(timeout):
-        while not condition():  # noqa: ASYNC110 - /proc has no events
-            await asyncio.sleep(0.02)
-
-
 async def get(port: int, path: str) -> bytes:
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
     try:

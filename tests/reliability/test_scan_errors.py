@@ -10,7 +10,6 @@ DEVPLUG_RELIABILITY_LONG=1 runs many more.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import errno
 import os
@@ -27,7 +26,13 @@ from devplug.hotplug.scanning import UNKNOWN_AFTER_FAILURES
 from devplug.model import DeviceInfo, DeviceNode, DeviceTree
 from devplug.scanners.generic import GenericScanner
 from devplug.scanners.udev import UdevSource
-from devplug.testing import KubeletSimulator, StaticScanner, daemon_settings, running_daemon
+from devplug.testing import (
+    KubeletSimulator,
+    StaticScanner,
+    daemon_settings,
+    eventually,
+    running_daemon,
+)
 from devplug.testing.simulator import ListedDevice
 from devplug.testing.umockdev import UmockdevHost, add_usb_serial
 from devplug.testing.umockdev.wire import encode_udev_message
@@ -53,12 +58,6 @@ def logged_more(logs: Sequence[LogEntry], event: str, than: int) -> Callable[[],
 
 def exactly(ids: set[str]) -> Callable[[Mapping[str, ListedDevice]], bool]:
     return lambda listed: set(listed) == ids
-
-
-async def eventually(condition: Callable[[], bool], timeout: float = WAIT_S) -> None:
-    async with asyncio.timeout(timeout):
-        while not condition():  # noqa: ASYNC110 - log lines and counters have no events
-            await asyncio.sleep(0.01)
 
 
 @contextlib.contextmanager
@@ -108,9 +107,9 @@ async def test_a_scan_that_cannot_open_files_keeps_the_devices_and_retries(
             for round_ in range(rounds):
                 with out_of_file_descriptors():
                     daemon.request_scan()
-                    await eventually(logged_more(logs, "scan.failed", round_))
+                    await eventually(logged_more(logs, "scan.failed", round_), timeout=WAIT_S)
                 # Nobody asks again: the retry after the back-off finds the files it needs.
-                await eventually(logged_more(logs, "scan.recovered", round_))
+                await eventually(logged_more(logs, "scan.recovered", round_), timeout=WAIT_S)
                 assert daemon.stats.value.advertised.get(SERIAL, {}).keys() == wanted
             await daemon.rescan()
             assert all(serial_ids(listed) == wanted for listed in session.updates)

@@ -5,6 +5,7 @@
   PreStartContainer helpers, ``restart()``).
 - :func:`running_daemon`, :class:`StaticScanner`, :func:`daemon_settings`: run the real daemon
   inside a test.
+- :func:`eventually`: wait for state that has no event to await (files, counters, logs).
 - :mod:`devplug.testing.umockdev`: mock hardware for real pyudev code (``UmockdevHost`` and
   presets such as ``add_usb_serial``, ``add_intel_gpu``); tests using it run under
   ``umockdev-wrapper``.
@@ -25,6 +26,7 @@ from devplug.testing.simulator import (
     Registration,
     SimulatorRpcError,
 )
+from devplug.testing.waiting import eventually
 
 __all__ = [
     "FAST_TIMING",
@@ -37,5 +39,6 @@ __all__ = [
     "StaticScanner",
     "daemon_process",
     "daemon_settings",
+    "eventually",
     "running_daemon",
 ]
