@@ -227,6 +227,7 @@ async def run_size(scratch: Path, devices: int, samples: int) -> None:
     built = time.perf_counter()
     host = gpu_host(scratch / f"testbed{devices}", devices)
     gc.freeze()
+    gc.disable()  # no collections of this process inside the windows measured (bench.hotplug)
     print(
         f"\n== {devices:,} devices present (testbed built in {time.perf_counter() - built:.1f} s)"
     )
@@ -306,6 +307,14 @@ async def run_size(scratch: Path, devices: int, samples: int) -> None:
             current.append(after[2] - arrived)
     if current:
         print(f"spec on disk current after the list arrived: {summary_ms(current)}")
+    collections = [r for r in records if r[0].startswith("gc")]
+    parts = []
+    for generation in (0, 1, 2):
+        mine = [r for r in collections if r[0] == f"gc{generation}"]
+        inside = [r for r in mine if any(r[1] < a and r[2] > s for _, s, a in windows)]
+        longest = max((r[2] - r[1] for r in inside), default=0.0) * 1000
+        parts.append(f"gen {generation}: {len(inside)} of {len(mine)} (longest {longest:.2f} ms)")
+    print("the daemon's collections inside the samples' windows: " + ", ".join(parts))
     print(
         f"{'stage':<26} {'add p50':>8} {'add p99':>8} {'rm p50':>8} {'rm p99':>8} "
         f"{'all max':>8}  (ms)"

@@ -24,6 +24,7 @@ Stages, in the order an event meets them:
     build       ListMessageBuilder.build          ... the message build (encoded entries)
     serialize   the ListAndWatch response serializer (bytes pass through; grpc calls it)
     cdi.pass    carry_out                         a CDI pass's render and file I/O (after)
+    gc0..gc2    the daemon's garbage collections (gc.callbacks), by generation
     cdi.render  carry_out.render_in_slices        ... its render, in slices on the loop (the
                                                   waits between slices, for the hotplug
                                                   path's quiet, included)
@@ -33,6 +34,7 @@ from __future__ import annotations
 
 import atexit
 import functools
+import gc
 import inspect
 import json
 import os
@@ -102,6 +104,16 @@ def install() -> None:
     _wrap(wire.ListMessageBuilder, "build", "build")
     carry_out.render_in_slices = _timed("cdi.render", carry_out.render_in_slices)
     sync.carry_out = _timed("cdi.pass", sync.carry_out)  # type: ignore[attr-defined]
+
+    collecting: list[float] = []
+
+    def collected(phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            collecting.append(time.perf_counter())
+        elif collecting:
+            RECORDS.append((f"gc{info['generation']}", collecting.pop(), time.perf_counter()))
+
+    gc.callbacks.append(collected)
 
     plain = grpc.unary_stream_rpc_method_handler
 
