@@ -12,14 +12,21 @@ import textwrap
 from pathlib import Path
 from typing import Any
 
+from devplug.model import DeviceInfo, DeviceNode
+from devplug.testing import daemon_settings, running_daemon
+from devplug.testing.harness import StaticScanner
+
+SERIAL = "example.com/serial"
+
 # A daemon serving one static resource to the simulator, metrics on; the report says which of
 # WATCHED were imported once the kubelet had the first list, and after the first scrape.
 DAEMON = textwrap.dedent(
     """
-    import asyncio, json, sys
+    import asyncio, json, sys, time
     from pathlib import Path
 
     from devplug.model import DeviceInfo, DeviceNode
+    from devplug.ops.metrics import Metrics
     from devplug.testing import KubeletSimulator, daemon_settings, running_daemon
     from devplug.testing.harness import StaticScanner
 
@@ -29,6 +36,28 @@ DAEMON = textwrap.dedent(
 
     def loaded():
         return sorted(m for m in WATCHED if m in sys.modules)
+
+
+    # When the first ListAndWatch list was built, and when the CDI task's modules loaded.
+    times = {{}}
+    list_built = Metrics.list_built
+
+
+    def first_list(self, resource, size_bytes):
+        times.setdefault("list", time.perf_counter())
+        list_built(self, resource, size_bytes)
+
+
+    Metrics.list_built = first_list
+
+
+    class Watch:
+        def find_spec(self, name, path=None, target=None):
+            if name == "devplug.cdi.sync":
+                times.setdefault("cdi", time.perf_counter())
+
+
+    sys.meta_path.insert(0, Watch())
 
 
     async def scrape(port):
@@ -60,6 +89,9 @@ DAEMON = textwrap.dedent(
                 report["devices"] = [
                     line for line in text.splitlines() if line.startswith("devplug_devices{{")
                 ]
+                await daemon.stats.wait_for(lambda s: RESOURCE in s.cdi_specs, timeout=10)
+                report["spec"] = sorted(p.name for p in (root / "cdi").glob("*.json"))
+                report["cdi_after_list"] = times["cdi"] > times["list"]
         print(json.dumps(report))
 
 
@@ -140,6 +172,24 @@ def config_file(tmp_path: Path) -> Path:
     config = tmp_path / "config.yaml"
     config.write_text("scanners: {generic: [{resource: example.com/mem, match: {subsystem: mem}}]}")
     return config
+
+
+def test_the_cdi_task_loads_after_the_first_list_and_writes_the_spec(tmp_path: Path) -> None:
+    """The CDI modules and first render (~15 ms at start-up) wait for the first lists; the
+    spec is written all the same (Allocate names CDI devices only once it is on disk)."""
+    report = run_daemon(tmp_path, ("devplug.cdi.sync",))
+    assert report["cdi_after_list"] is True
+    assert report["spec"] == ["example.com-serial.json"]
+
+
+async def test_without_a_kubelet_the_specs_are_written_all_the_same(tmp_path: Path) -> None:
+    """No first list is coming: the CDI task starts CDI_START_TIMEOUT_S after the first scan."""
+    settings = daemon_settings(tmp_path / "kubelet")
+    scanner = StaticScanner({SERIAL: {"dev0": DeviceInfo(nodes=(DeviceNode("/dev/null"),))}})
+    async with running_daemon(settings, [scanner]) as daemon:
+        assert daemon.servers.unregistered() == [SERIAL]
+        await daemon.stats.wait_for(lambda s: SERIAL in s.cdi_specs, timeout=10)
+    assert (tmp_path / "cdi" / "example.com-serial.json").exists() is False  # removed on stop
 
 
 def test_settings_load_without_pydantic_plugin_discovery(tmp_path: Path) -> None:

@@ -24,6 +24,7 @@ import signal
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import structlog
 
@@ -31,7 +32,6 @@ from devplug._kits.tasks import running
 from devplug._kits.values import LatestValue, Watchable
 from devplug.cdi.allocate import CdiNames, CdiOptions
 from devplug.cdi.catalog import CdiCatalog
-from devplug.cdi.sync import CdiSync, default_instance
 from devplug.config import Settings, parse_address
 from devplug.errors import ConfigError
 from devplug.hotplug.health import HealthGate
@@ -55,7 +55,15 @@ from devplug.ops.systemd import SystemdNotifier
 from devplug.scanners.base import Scanner
 from devplug.scanners.udev import UdevMonitor
 
+if TYPE_CHECKING:
+    from devplug.cdi.sync import CdiSync
+
 log = structlog.get_logger("devplug.daemon")
+
+# The CDI task starts once the kubelet has had the first list of every resource of the first
+# scan (its modules and its first render would otherwise delay that list), or this long after
+# the first scan if some resource has none by then (no kubelet yet, say).
+CDI_START_TIMEOUT_S = 1.0
 
 # Reads and validates the config file again: (settings, their scanners), or ConfigError.
 ConfigLoader = Callable[[], tuple[Settings, Sequence[Scanner]]]
@@ -126,17 +134,35 @@ class Daemon:
         cdi = settings.cdi
         # What the spec files on disk define, shared by the CDI task and every servicer.
         self.cdi_catalog = CdiCatalog(on_change=self._cdi_changed)
-        self.cdi_sync: CdiSync | None = None
+        self._cdi_sync: CdiSync | None = None
+        self._cdi_scanners = tuple(scanners)  # they name this daemon's instance
+        # The latest tree published, for the CDI task when it starts.
+        self._cdi_tree: DeviceTree | None = None
+        # Resources whose first ListAndWatch list the CDI task waits for (None: not yet known).
+        self._lists_awaited: set[str] | None = None
+        self._first_lists = asyncio.Event()
         names: CdiNames | None = None
         if cdi.enabled:
-            instance = cdi.instance or default_instance(scanners)
-            self.cdi_sync = CdiSync(cdi, self.cdi_catalog, instance, on_change=self._cdi_changed)
             names = CdiNames(CdiOptions(self.cdi_catalog, cdi.annotations, cdi.device_specs))
         self.servers = ResourceServers(
-            settings.kubelet_dir, self.watcher, timing, extension=names, events=self.metrics
+            settings.kubelet_dir, self.watcher, timing, extension=names, events=_Events(self)
         )
 
     # ------------------------------------------------------------------ public controls
+
+    @property
+    def cdi_sync(self) -> CdiSync | None:
+        """The CDI task's state (None when CDI is off). Made by the task once the first lists
+        are out (see :data:`CDI_START_TIMEOUT_S`), or here on first use, whichever is first."""
+        cdi = self.settings.cdi
+        if self._cdi_sync is None and cdi.enabled:
+            from devplug.cdi.sync import CdiSync, default_instance
+
+            instance = cdi.instance or default_instance(self._cdi_scanners)
+            self._cdi_sync = CdiSync(cdi, self.cdi_catalog, instance, on_change=self._cdi_changed)
+            if self._cdi_tree is not None:
+                self._cdi_sync.submit(self._cdi_tree)
+        return self._cdi_sync
 
     @property
     def stats(self) -> Watchable[DaemonStats]:
@@ -177,11 +203,9 @@ class Daemon:
             scanners=[s.name for s in self.scan_loop.runner.scanners],
         )
         async with asyncio.TaskGroup() as group, contextlib.AsyncExitStack() as parts:
-            if self.cdi_sync is not None:
-                parts.push_async_callback(self.cdi_sync.close)  # after its task has stopped
-                await parts.enter_async_context(
-                    running(group, self.cdi_sync.run(), name="cdi-sync")
-                )
+            if self.settings.cdi.enabled:
+                parts.push_async_callback(self._close_cdi)  # after its task has stopped
+                await parts.enter_async_context(running(group, self._run_cdi(), name="cdi-sync"))
             await parts.enter_async_context(
                 running(group, self.watcher.run(), name="kubelet-watcher")
             )
@@ -198,6 +222,30 @@ class Daemon:
             parts.callback(self._stopping)
             await self.stop_requested.wait()
         log.info("daemon.stopped")
+
+    async def _run_cdi(self) -> None:
+        """The CDI task, once the first lists are out: specs were never on the kubelet's path
+        (Allocate names a device through CDI only once its spec is on disk), so their modules
+        and first render wait rather than delay the first list."""
+        await self.first_scan_done.wait()
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(CDI_START_TIMEOUT_S):
+                await self._first_lists.wait()
+        sync = self.cdi_sync
+        assert sync is not None
+        await sync.run()
+
+    async def _close_cdi(self) -> None:
+        if self._cdi_sync is not None:
+            await self._cdi_sync.close()
+
+    def _list_built(self, resource: str) -> None:
+        awaited = self._lists_awaited
+        if awaited is not None and resource in awaited:
+            awaited.discard(resource)
+            if not awaited:
+                # Set on the next turn of the loop: gRPC hands this list to its core first.
+                asyncio.get_running_loop().call_soon(self._first_lists.set)
 
     def _stopping(self) -> None:
         log.info("daemon.stopping")
@@ -247,10 +295,15 @@ class Daemon:
 
     async def _publish(self, tree: DeviceTree, owners: Mapping[str, Scanner]) -> None:
         """To the servers first (the kubelet waits on them), then to the CDI task."""
+        if self._lists_awaited is None:  # the first scan: its resources' first lists
+            self._lists_awaited = set(tree)
+            if not tree:
+                self._first_lists.set()
         await self.servers.apply(tree, owners)
         self.metrics.set_devices(tree)
-        if self.cdi_sync is not None:
-            self.cdi_sync.submit(tree)
+        self._cdi_tree = tree
+        if self._cdi_sync is not None:
+            self._cdi_sync.submit(tree)
         self._update_stats(advertised=tree)
 
     def _scanned(self, result: ScanResult) -> None:
@@ -278,7 +331,7 @@ class Daemon:
         )
 
     def _cdi_changed(self) -> None:
-        sync = self.cdi_sync
+        sync = self._cdi_sync
         self._update_stats(
             cdi_specs=frozenset(self.cdi_catalog.resources()),
             cdi_writes=0 if sync is None else sync.writes,
@@ -339,6 +392,28 @@ class Daemon:
             reason=exc.message,
             kept="the running configuration",
         )
+
+
+class _Events:
+    """What the servers report: counted by the metrics; the first lists also start the CDI
+    task (:meth:`Daemon._run_cdi`)."""
+
+    def __init__(self, daemon: Daemon) -> None:
+        self._daemon = daemon
+        self._metrics = daemon.metrics
+
+    def registered(self, resource: str, ok: bool) -> None:
+        self._metrics.registered(resource, ok)
+
+    def kubelet_restarted(self, resource: str) -> None:
+        self._metrics.kubelet_restarted(resource)
+
+    def allocated(self, resource: str, result: str) -> None:
+        self._metrics.allocated(resource, result)
+
+    def list_built(self, resource: str, size_bytes: int) -> None:
+        self._metrics.list_built(resource, size_bytes)
+        self._daemon._list_built(resource)
 
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT)
