@@ -321,7 +321,7 @@ def parts_table(
 ) -> dict[str, float]:
     from devplug.kubelet.allocation import check_request, check_size, default_allocation
     from devplug.kubelet.servicer import _allocate_request
-    from devplug.kubelet.wire import container_response
+    from devplug.kubelet.wire import allocate_response, container_response
 
     extension = servicer.extension
     assert extension is not None
@@ -358,10 +358,11 @@ def parts_table(
             "miss: id checks": timed(checks),
             "miss: default answer": timed(lambda: default_allocation(ids, tree)),
             "miss: CDI names": timed(lambda: extension.extend(CDI_KIND, ids, plain, tree)),
-            "miss: response build": timed(
+            "miss: answer encoded": timed(lambda: allocate_response([named])),
+            "  (with protobuf: build": timed(
                 lambda: pb.AllocateResponse(container_responses=[container_response(named)])
             ),
-            "miss: serialization": timed(response.SerializeToString),
+            "  and serialize)": timed(response.SerializeToString),
             "handler until its answer, hit": allocate(fresh=False),
             "handler until its answer, miss": allocate(fresh=True),
             "after the answer: metrics + log line": timed(deferred),

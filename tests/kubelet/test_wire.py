@@ -1,5 +1,6 @@
 """ListMessageBuilder: encoded ListAndWatch messages, byte for byte protobuf's, reusing each
-device's entry, and the same message when the kubelet's view did not change."""
+device's entry, and the same message when the kubelet's view did not change; Allocate's
+answers, encoded without building messages, byte for byte protobuf's too."""
 
 from __future__ import annotations
 
@@ -7,8 +8,15 @@ import dataclasses
 import random
 
 from devplug._proto import deviceplugin_v1beta1_pb2 as pb
-from devplug.kubelet.wire import ListMessageBuilder, device_entry, device_message, list_message
-from devplug.model import DeviceInfo, DeviceTree, Health
+from devplug.kubelet.wire import (
+    ListMessageBuilder,
+    allocate_response,
+    container_response,
+    device_entry,
+    device_message,
+    list_message,
+)
+from devplug.model import ContainerAllocation, DeviceInfo, DeviceNode, DeviceTree, Health, Mount
 
 
 def _encoded(devices: dict[str, DeviceInfo]) -> bytes:
@@ -109,3 +117,39 @@ def test_edited_messages_equal_protobufs_through_random_walks() -> None:
             assert (again is message) == (view == before)
             assert builder.build(devices) is again
             message, built = again, devices
+
+
+def _random_answer(rng: random.Random) -> ContainerAllocation:
+    def text(empty: bool = True) -> str:
+        # Empty, short, non-ASCII, and past one length byte (128+ bytes).
+        choices = ["a", "/dev/x1", "ü-é", "y" * rng.choice([127, 128, 300])]
+        return rng.choice(choices + ([""] if empty else []))
+
+    def mount() -> Mount:
+        return Mount(f"/host/{text()}", f"/mnt/{text()}", read_only=rng.random() < 0.5)
+
+    def node() -> DeviceNode:
+        return DeviceNode(f"/dev/{text()}", rng.choice(["", "/dev/in"]), rng.choice(["rw", "rwm"]))
+
+    return ContainerAllocation(
+        env={text(empty=False) + str(i): text() for i in range(rng.choice([0, 0, 1, 3]))},
+        mounts=tuple(mount() for _ in range(rng.choice([0, 1, 2]))),
+        nodes=tuple(node() for _ in range(rng.choice([0, 1, 1, 4]))),
+        annotations={f"k{i}": text() for i in range(rng.choice([0, 0, 2]))},
+        cdi_devices=tuple(f"example.com/r={text(empty=False)}" for _ in range(rng.choice([0, 1]))),
+    )
+
+
+def test_allocate_answers_are_protobufs_encoding() -> None:
+    """Random answers (empty fields, empty maps and values, non-ASCII, lengths past one
+    varint byte, up to four containers, empty ones too): the encoding is byte for byte
+    protobuf's deterministic SerializeToString of the same AllocateResponse (map entries in
+    key order), and parses back to it."""
+    rng = random.Random(7)
+    for _ in range(2000):
+        answers = [_random_answer(rng) for _ in range(rng.choice([1, 1, 2, 4]))]
+        message = pb.AllocateResponse(container_responses=[container_response(a) for a in answers])
+        encoded = allocate_response(answers)
+        assert encoded == message.SerializeToString(deterministic=True)
+        assert pb.AllocateResponse.FromString(encoded) == message
+    assert allocate_response([ContainerAllocation()]) == b"\x0a\x00"

@@ -37,7 +37,7 @@ from devplug.kubelet.allocation import (
     default_preferred,
 )
 from devplug.kubelet.seams import AnswerExtension, NoServingEvents, ServingEvents
-from devplug.kubelet.wire import ListMessageBuilder, container_response
+from devplug.kubelet.wire import ListMessageBuilder, allocate_response
 from devplug.model import ContainerAllocation, DeviceMap, MapEdit
 from devplug.scanners.base import Allocator, ContainerPreStarter, PostAllocator, PreferredAllocator
 
@@ -255,10 +255,8 @@ class DevicePluginServicer:
         requests = [list(c.devices_ids) for c in message.container_requests]
         check_request(self.resource, requests, devices)
         state = self._answers_for
-        responses = await self._allocate(requests, devices)
         answer = _Answer(
-            pb.AllocateResponse(container_responses=responses).SerializeToString(),
-            _loggable(requests),
+            allocate_response(await self._allocate(requests, devices)), _loggable(requests)
         )
         # Only the default answers are kept (a hook's may depend on more than the request),
         # and only while the state they were made under holds.
@@ -274,7 +272,7 @@ class DevicePluginServicer:
 
     async def _allocate(
         self, requests: Sequence[Sequence[str]], devices: DeviceMap
-    ) -> list[pb.ContainerAllocateResponse]:
+    ) -> Sequence[ContainerAllocation]:
         answers: Sequence[ContainerAllocation] | None = None
         if self._allocator is not None:
             answers = await _resolve(self._allocator.allocate(self.resource, requests, devices))
@@ -287,7 +285,7 @@ class DevicePluginServicer:
                 self._post_allocator.post_allocate(self.resource, requests, answers)
             )
         _check_count(answers, requests)
-        return [container_response(answer) for answer in answers]
+        return answers
 
     def _extended(
         self, ids: Sequence[str], answer: ContainerAllocation, devices: DeviceMap

@@ -3,13 +3,14 @@
 Protobuf types do not leave ``devplug.daemon`` (and the kubelet simulator in
 ``devplug.testing``); everything else speaks the model. ListAndWatch messages are the
 exception to building protobuf objects: they are encoded here, device entry by device entry
-(:func:`device_entry`), so that a hotplug event re-encodes only the devices it changed.
+(:func:`device_entry`), so that a hotplug event re-encodes only the devices it changed; so are
+Allocate's answers (:func:`allocate_response`), a few times faster than building the messages.
 """
 
 from __future__ import annotations
 
 import itertools
-from collections.abc import Mapping, Reversible
+from collections.abc import Iterable, Mapping, Reversible
 from typing import cast
 
 from devplug._proto import deviceplugin_v1beta1_pb2 as pb
@@ -188,6 +189,72 @@ def container_response(answer: ContainerAllocation) -> pb.ContainerAllocateRespo
         annotations=dict(answer.annotations),
         cdi_devices=[pb.CDIDevice(name=name) for name in answer.cdi_devices],
     )
+
+
+# AllocateResponse.container_responses = 1; ContainerAllocateResponse: envs = 1 (map),
+# mounts = 2, devices = 3, annotations = 4 (map), cdi_devices = 5; a map entry: key = 1,
+# value = 2; Mount: container_path = 1, host_path = 2, read_only = 3 (bool, left out when
+# false); DeviceSpec: container_path = 1, host_path = 2, permissions = 3; CDIDevice.name = 1.
+_ALLOCATE_CONTAINERS = 0x0A
+_ENVS, _MOUNTS, _DEVICES, _ANNOTATIONS, _CDI_DEVICES = 0x0A, 0x12, 0x1A, 0x22, 0x2A
+_KEY, _VALUE = 0x0A, 0x12
+_FIRST, _SECOND, _THIRD = 0x0A, 0x12, 0x1A
+_READ_ONLY = b"\x18\x01"
+
+
+def _short(tag: int, payload: bytes) -> bytes:
+    """:func:`_field`, its one-byte-length case first (an answer's fields are short)."""
+    if len(payload) < 0x80:
+        return bytes((tag, len(payload))) + payload
+    return _field(tag, payload)
+
+
+def _text(tag: int, value: str) -> bytes:
+    encoded = value.encode()
+    return _short(tag, encoded) if encoded else b""
+
+
+def _entries(tag: int, mapping: Mapping[str, str]) -> list[bytes]:
+    # Key and value written even when empty, as protobuf writes map entries; in key order, as
+    # its deterministic serialization does (its default order is its hash table's).
+    return [
+        _short(tag, _short(_KEY, key.encode()) + _short(_VALUE, mapping[key].encode()))
+        for key in sorted(mapping)
+    ]
+
+
+def container_entry(answer: ContainerAllocation) -> bytes:
+    """One container's answer as it appears in an encoded AllocateResponse: the
+    ``container_responses`` field holding :func:`container_response`'s encoding (the bytes
+    protobuf's deterministic serialization writes), without building the message."""
+    parts = _entries(_ENVS, answer.env)
+    parts += [
+        _short(
+            _MOUNTS,
+            _text(_FIRST, m.container_path)
+            + _text(_SECOND, m.host_path)
+            + (_READ_ONLY if m.read_only else b""),
+        )
+        for m in answer.mounts
+    ]
+    parts += [
+        _short(
+            _DEVICES,
+            _text(_FIRST, n.container_path)
+            + _text(_SECOND, n.host_path)
+            + _text(_THIRD, n.permissions),
+        )
+        for n in answer.nodes
+    ]
+    parts += _entries(_ANNOTATIONS, answer.annotations)
+    parts += [_short(_CDI_DEVICES, _text(_FIRST, name)) for name in answer.cdi_devices]
+    return _short(_ALLOCATE_CONTAINERS, b"".join(parts))
+
+
+def allocate_response(answers: Iterable[ContainerAllocation]) -> bytes:
+    """An encoded AllocateResponse of ``answers``, one per container in request order (a
+    message is the concatenation of its repeated field's entries)."""
+    return b"".join(map(container_entry, answers))
 
 
 def container_allocation(message: pb.ContainerAllocateResponse) -> ContainerAllocation:
