@@ -271,11 +271,13 @@ async def run_size(scratch: Path, devices: int, samples: int) -> None:
         "remove": defaultdict(list),
     }
     missing = 0
-    for kind, started, arrived in windows:
+    split_samples: list[tuple[int, dict[str, float]]] = []
+    for number, (kind, started, arrived) in enumerate(windows):
         stages = split(records, started, arrived)
         if stages is None:
             missing += 1
             continue
+        split_samples.append((number, stages))
         for stage, value in stages.items():
             by_kind[kind][stage].append(value)
             by_kind.setdefault("all", defaultdict(list))[stage].append(value)
@@ -315,6 +317,28 @@ async def run_size(scratch: Path, devices: int, samples: int) -> None:
         longest = max((r[2] - r[1] for r in inside), default=0.0) * 1000
         parts.append(f"gen {generation}: {len(inside)} of {len(mine)} (longest {longest:.2f} ms)")
     print("the daemon's collections inside the samples' windows: " + ", ".join(parts))
+    # What the slowest samples have in common: their stages beside the median's, and what
+    # else ran in the daemon during them.
+    slowest = sorted(split_samples, key=lambda item: -item[1]["total"])[:3]
+    for number, stages in slowest:
+        kind, started, arrived = windows[number]
+        over = sorted(
+            {
+                r[0]
+                for r in records
+                if r[0].startswith(("cdi", "gc")) and r[1] < arrived and r[2] > started
+            }
+        )
+        above = [
+            f"{stage.strip()} {stages[stage] * 1000:.2f}"
+            for stage in STAGES
+            if stage != "total" and stages[stage] - percentile(by_kind["all"][stage], 0.5) > 0.3e-3
+        ]
+        print(
+            f"slow sample {number // 2} ({kind}) {stages['total'] * 1000:.2f} ms: above their "
+            f"median by > 0.3 ms: {', '.join(above) or 'none'}; overlapped: "
+            f"{', '.join(over) or 'nothing recorded'}"
+        )
     print(
         f"{'stage':<26} {'add p50':>8} {'add p99':>8} {'rm p50':>8} {'rm p99':>8} "
         f"{'all max':>8}  (ms)"
