@@ -223,7 +223,7 @@ async def floor_samples(
     return out
 
 
-async def run_size(scratch: Path, devices: int, samples: int) -> None:
+async def run_size(scratch: Path, devices: int, samples: int, first_after: float) -> None:
     built = time.perf_counter()
     host = gpu_host(scratch / f"testbed{devices}", devices)
     gc.freeze()
@@ -242,7 +242,8 @@ async def run_size(scratch: Path, devices: int, samples: int) -> None:
         ):
             session = await kubelet.wait_for_plugin(RENDER_RESOURCE, timeout=600)
             await session.wait_for_update(lambda listed: len(listed) == devices, timeout=600)
-            await asyncio.sleep(1.0)
+            # 1 s: the CDI task's start and first render are over; bench.hotplug waits 0.05 s.
+            await asyncio.sleep(first_after)
             for index in range(devices, devices + samples):
                 device_id = f"dri_renderD{RENDER_MINOR_BASE + index}"
                 await asyncio.sleep(SETTLE_S)
@@ -366,11 +367,11 @@ async def run_size(scratch: Path, devices: int, samples: int) -> None:
     )
 
 
-async def main(sizes: Sequence[int], samples: int) -> None:
+async def main(sizes: Sequence[int], samples: int, first_after: float) -> None:
     require_preload()
     for devices in sizes:
         with scratch_dir(size="4g") as scratch:
-            await run_size(scratch, devices, samples)
+            await run_size(scratch, devices, samples, first_after)
 
 
 if __name__ == "__main__":
@@ -379,5 +380,8 @@ if __name__ == "__main__":
     )
     parser.add_argument("--devices", type=int, nargs="+", default=[1000, 10_000])
     parser.add_argument("--samples", type=int, default=20)
+    parser.add_argument(
+        "--first-after", type=float, default=1.0, help="seconds from the first list to sampling"
+    )
     args = parser.parse_args()
-    asyncio.run(main(args.devices, args.samples))
+    asyncio.run(main(args.devices, args.samples, args.first_after))
