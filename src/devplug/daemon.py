@@ -159,7 +159,14 @@ class Daemon:
             from devplug.cdi.sync import CdiSync, default_instance
 
             instance = cdi.instance or default_instance(self._cdi_scanners)
-            self._cdi_sync = CdiSync(cdi, self.cdi_catalog, instance, on_change=self._cdi_changed)
+            # CDI work yields to the hotplug path: a slice starts only while it is quiet.
+            self._cdi_sync = CdiSync(
+                cdi,
+                self.cdi_catalog,
+                instance,
+                on_change=self._cdi_changed,
+                quiet=self.scan_loop.quiet,
+            )
             if self._cdi_tree is not None:
                 self._cdi_sync.submit(self._cdi_tree)
         return self._cdi_sync

@@ -30,7 +30,8 @@ from devplug.cdi.files import TEMP_PREFIX, FileStamp
 from devplug.cdi.ownership import STATE_DIR, OwnerLock, read_record
 from devplug.cdi.store import SpecStore
 from devplug.config import CdiSettings, Settings
-from devplug.model import ContainerAllocation, DeviceInfo, DeviceNode, Health, Mount
+from devplug.model import ContainerAllocation, DeviceInfo, DeviceNode, DeviceTree, Health, Mount
+from devplug.scanners.udev import UdevSource
 from devplug.testing.harness import StaticScanner, daemon_settings, running_daemon
 from devplug.testing.simulator import KubeletSimulator, PluginSession
 
@@ -235,6 +236,43 @@ async def test_a_spec_is_written_when_a_resource_appears(
         await eventually((cdi_dir / OTHER_SPEC).exists, timeout=2)
         assert spec_on_disk(cdi_dir / OTHER_SPEC)["kind"] == OTHER
         assert stamp(path) == before
+
+
+class GatedScanner(StaticScanner):
+    """A StaticScanner whose scans wait (in their worker thread) while ``gate`` is clear."""
+
+    def __init__(self, resources: dict[str, dict[str, DeviceInfo]]) -> None:
+        super().__init__(resources)
+        self.gate = threading.Event()
+        self.gate.set()
+
+    def scan(self, source: UdevSource) -> DeviceTree:
+        self.gate.wait(timeout=30)
+        return super().scan(source)
+
+
+async def test_the_daemons_cdi_work_waits_while_a_scan_is_under_way(
+    kubelet: KubeletSimulator, kubelet_dir: Path, cdi_dir: Path
+) -> None:
+    """The daemon hands its CDI task the scan loop's ``quiet``: a spec changed by one scan is
+    not written while the next scan runs (the hotplug path goes first), and is once it ends."""
+    scanner = GatedScanner({SERIAL: devices(1)})
+    async with running_daemon(settings(kubelet_dir, cdi_dir), [scanner]) as daemon:
+        await started(kubelet)
+        path = cdi_dir / SERIAL_SPEC
+        await eventually(path.exists, timeout=5)
+        scanner.set({SERIAL: devices(2)})
+        await daemon.rescan()  # published: a CDI pass is due (after its settle)
+        scanner.gate.clear()
+        blocked = asyncio.create_task(daemon.rescan())
+        try:
+            # Unwired, the pass would write within its settle and a slice (~25 ms).
+            await asyncio.sleep(0.5)
+            assert [d["name"] for d in spec_on_disk(path)["devices"]] == ["dev0"]
+        finally:
+            scanner.gate.set()
+        await blocked
+        await eventually(lambda: len(spec_on_disk(path)["devices"]) == 2, timeout=5)
 
 
 async def test_allocate_names_exactly_the_requested_devices(
