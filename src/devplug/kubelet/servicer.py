@@ -227,9 +227,11 @@ class DevicePluginServicer:
             await self._refuse(context, "allocate", exc)
         except Exception:
             await self._fail(context, "allocate")
-        # Counted and logged once the answer is with gRPC (the next turn of the loop): the log
-        # line's rendering and write are then not part of the kubelet's wait.
-        asyncio.get_running_loop().call_soon(self._allocated, answer.logged)
+        # Counted and logged once the call is over (the answer sent): the log line's rendering
+        # and write are then not part of the kubelet's wait.
+        logged = answer.logged
+        # grpc-stubs declares a class where any callable of the context is taken.
+        context.add_done_callback(lambda _: self._allocated(logged))  # type: ignore[arg-type]
         return answer.encoded
 
     def _allocated(self, logged: object) -> None:
