@@ -210,9 +210,12 @@ class Daemon:
             scanners=[s.name for s in self.scan_loop.runner.scanners],
         )
         async with asyncio.TaskGroup() as group, contextlib.AsyncExitStack() as parts:
+            cdi_task: asyncio.Task[None] | None = None
             if self.settings.cdi.enabled:
                 parts.push_async_callback(self._close_cdi)  # after its task has stopped
-                await parts.enter_async_context(running(group, self._run_cdi(), name="cdi-sync"))
+                cdi_task = await parts.enter_async_context(
+                    running(group, self._run_cdi(), name="cdi-sync")
+                )
             await parts.enter_async_context(
                 running(group, self.watcher.run(), name="kubelet-watcher")
             )
@@ -226,6 +229,10 @@ class Daemon:
             await parts.enter_async_context(
                 running(group, self._announce_ready(), name="systemd-ready")
             )
+            if cdi_task is not None:
+                # No CDI pass once stopping: a spec written now would only be deleted again
+                # (specs on disk stay until the task is closed, last).
+                parts.callback(cdi_task.cancel)
             parts.callback(self._stopping)
             await self.stop_requested.wait()
         log.info("daemon.stopped")

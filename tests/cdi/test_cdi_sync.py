@@ -275,6 +275,25 @@ async def test_the_daemons_cdi_work_waits_while_a_scan_is_under_way(
         await eventually(lambda: len(spec_on_disk(path)["devices"]) == 2, timeout=5)
 
 
+async def test_stopping_abandons_a_pass_under_way_instead_of_writing_a_spec_to_delete(
+    kubelet: KubeletSimulator, kubelet_dir: Path, cdi_dir: Path
+) -> None:
+    """A stop requested while the CDI task renders its first spec (5,000 devices: ~0.1 s of
+    slices) ends the pass: no spec is written after the stop (shutdown would delete it)."""
+    scanner = StaticScanner({SERIAL: devices(5000)})
+    with structlog.testing.capture_logs() as logs:
+        async with running_daemon(settings(kubelet_dir, cdi_dir), [scanner]) as daemon:
+            await started(kubelet, count=5000)
+            # The task starts after the first lists; its pass settles 20 ms, then renders.
+            await eventually(lambda: daemon._cdi_sync is not None, timeout=5)
+            await asyncio.sleep(0.05)
+            daemon.stop_requested.set()
+            await asyncio.sleep(0.5)  # the servers' shutdown, the pass's slices and its write
+    events = [entry["event"] for entry in logs]
+    stopping = events.index("daemon.stopping")
+    assert "cdi.spec.written" not in events[stopping:], events[stopping:]
+
+
 async def test_allocate_names_exactly_the_requested_devices(
     kubelet: KubeletSimulator, kubelet_dir: Path, cdi_dir: Path
 ) -> None:
