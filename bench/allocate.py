@@ -266,7 +266,7 @@ def parts(devices: int) -> None:
     from devplug._kits.values import LatestValue
     from devplug.cdi.allocate import CdiNames, CdiOptions
     from devplug.cdi.catalog import CdiCatalog, CdiResource
-    from devplug.cdi.files import file_stamp
+    from devplug.cdi.stamps import file_stamp
     from devplug.kubelet.allocation import default_allocation
     from devplug.kubelet.servicer import DevicePluginServicer
     from devplug.kubelet.wire import container_response

@@ -23,7 +23,7 @@ from cdi_library import check_spec_dir, in_ci, missing_toolchain
 
 from devplug.cdi import files as cdi_files
 from devplug.cdi import store as cdi_store
-from devplug.cdi.files import FileStamp
+from devplug.cdi.stamps import FileStamp
 from devplug.config import Settings
 from devplug.daemon import Daemon
 from devplug.scanners.base import Scanner

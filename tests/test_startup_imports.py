@@ -55,9 +55,12 @@ DAEMON = textwrap.dedent(
         def find_spec(self, name, path=None, target=None):
             if name == "devplug.cdi.sync":
                 times.setdefault("cdi", time.perf_counter())
+            if name in WATCHED and name not in sys.modules:
+                times.setdefault(name, time.perf_counter())
 
 
     sys.meta_path.insert(0, Watch())
+    preloaded = [name for name in WATCHED if name in sys.modules]  # with devplug's imports
 
 
     async def scrape(port):
@@ -92,6 +95,9 @@ DAEMON = textwrap.dedent(
                 await daemon.stats.wait_for(lambda s: RESOURCE in s.cdi_specs, timeout=10)
                 report["spec"] = sorted(p.name for p in (root / "cdi").glob("*.json"))
                 report["cdi_after_list"] = times["cdi"] > times["list"]
+                report["before_list"] = sorted(
+                    n for n in WATCHED if n in preloaded or times.get(n, 1e99) < times["list"]
+                )
         print(json.dumps(report))
 
 
@@ -295,3 +301,11 @@ def test_a_refused_config_leaves_the_collector_on(tmp_path: Path) -> None:
     config.write_text("scanners: {generic: [{resource: example.com/mem, match: {subsystm: x}}]}")
     report = run_probed(tmp_path, "--config", str(config))
     assert report == {"pydantic": False, "exit": 2, "after": True}
+
+
+def test_aiofiles_loads_with_the_cdi_task_not_before(tmp_path: Path) -> None:
+    """Allocate's catalog, loaded at start, stamps specs with one lstat of its own
+    (``cdi.stamps``): aiofiles and its modules (~2 ms) come with the CDI task's file work."""
+    report = run_daemon(tmp_path, ("aiofiles",))
+    assert report["before_list"] == []
+    assert report["spec"] == ["example.com-serial.json"]

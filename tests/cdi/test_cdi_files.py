@@ -21,7 +21,7 @@ from pathlib import Path
 import aiofiles.os
 import pytest
 
-from devplug.cdi.files import SPEC_SUFFIXES, TEMP_PREFIX, file_stamp, remove_temp_files
+from devplug.cdi.files import SPEC_SUFFIXES, TEMP_PREFIX, remove_temp_files
 from devplug.cdi.ownership import (
     MUTEX_FILE,
     STATE_DIR,
@@ -34,6 +34,7 @@ from devplug.cdi.ownership import (
     record_path,
     write_record,
 )
+from devplug.cdi.stamps import file_stamp
 from devplug.cdi.store import ForeignSpecError, SpecHeldError, SpecStore
 
 RESOURCE = "example.com/serial"

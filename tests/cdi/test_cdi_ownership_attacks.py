@@ -34,8 +34,9 @@ import pytest
 import structlog
 
 from devplug.cdi import store as store_module
-from devplug.cdi.files import file_stamp, read_bounded
+from devplug.cdi.files import read_bounded
 from devplug.cdi.ownership import STATE_DIR, OwnerLock, owner_alive, read_record, record_path
+from devplug.cdi.stamps import file_stamp
 from devplug.cdi.store import ForeignSpecError, SpecHeldError, SpecStore
 from devplug.config import CdiSettings, Settings
 from devplug.model import DeviceInfo, DeviceNode, Health

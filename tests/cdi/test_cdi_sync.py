@@ -26,8 +26,9 @@ import structlog
 from devplug.cdi import files as files_module
 from devplug.cdi import store as store_module
 from devplug.cdi.catalog import CdiResource
-from devplug.cdi.files import TEMP_PREFIX, FileStamp
+from devplug.cdi.files import TEMP_PREFIX
 from devplug.cdi.ownership import STATE_DIR, OwnerLock, read_record
+from devplug.cdi.stamps import FileStamp
 from devplug.cdi.store import SpecStore
 from devplug.config import CdiSettings, Settings
 from devplug.model import ContainerAllocation, DeviceInfo, DeviceNode, DeviceTree, Health, Mount

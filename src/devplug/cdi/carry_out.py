@@ -17,8 +17,9 @@ from collections.abc import Awaitable, Callable, Mapping
 
 from devplug.cdi.build import RenderedSpec
 from devplug.cdi.catalog import CdiResource
-from devplug.cdi.files import FileStamp, stamp
+from devplug.cdi.files import stamp
 from devplug.cdi.plan import Done, Outcome, Plan, Write
+from devplug.cdi.stamps import FileStamp
 from devplug.cdi.store import SpecStore
 from devplug.errors import CdiSpecError
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import structlog
 
-from devplug.cdi.files import FileStamp, file_stamp
+from devplug.cdi.stamps import FileStamp, file_stamp
 from devplug.model import DeviceInfo, MapEdit
 
 log = structlog.get_logger("devplug.cdi")

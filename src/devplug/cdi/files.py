@@ -24,6 +24,8 @@ import aiofiles
 import aiofiles.os
 import aiofiles.tempfile
 
+from devplug.cdi.stamps import FileStamp, stamp_of
+
 TEMP_PREFIX = ".devplug-tmp-"
 SPEC_MODE = 0o644
 DIR_MODE = 0o755
@@ -36,33 +38,8 @@ _open = aiofiles.os.wrap(os.open)
 _close = aiofiles.os.wrap(os.close)
 
 
-class FileStamp(NamedTuple):
-    """Tells "the file we wrote" from any other without reading it."""
-
-    device: int
-    inode: int
-    size: int
-    mtime_ns: int
-    ctime_ns: int  # no utime() can set it back: an in-place rewrite always changes it
-
-
-def stamp_of(info: os.stat_result) -> FileStamp:
-    return FileStamp(info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns, info.st_ctime_ns)
-
-
-def file_stamp(path: Path) -> FileStamp | None:
-    """The stamp of ``path`` (not followed through a symlink), None if it is missing.
-
-    Synchronous on purpose: Allocate confirms its spec with this one lstat on the event loop.
-    """
-    try:
-        return stamp_of(os.lstat(path))
-    except OSError:
-        return None
-
-
 async def stamp(path: Path) -> FileStamp | None:
-    """:func:`file_stamp`, off the event loop."""
+    """:func:`devplug.cdi.stamps.file_stamp`, off the event loop."""
     try:
         return stamp_of(await aiofiles.os.stat(path, follow_symlinks=False))
     except OSError:

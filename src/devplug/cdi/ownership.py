@@ -35,14 +35,13 @@ import aiofiles.os
 
 from devplug.cdi.files import (
     TEMP_PREFIX,
-    FileStamp,
     create_exclusively,
     ensure_dir,
     fsync_dir,
     read_bounded,
-    stamp_of,
     write_atomically,
 )
+from devplug.cdi.stamps import FileStamp, stamp_of
 
 STATE_DIR = ".devplug"
 STATE_DIR_MODE = 0o700

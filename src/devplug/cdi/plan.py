@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 from devplug.cdi.build import SpecRenderer
 from devplug.cdi.catalog import CdiResource
-from devplug.cdi.files import FileStamp
+from devplug.cdi.stamps import FileStamp
 from devplug.model import DeviceInfo, MapEdit
 
 

@@ -27,7 +27,6 @@ from typing import NamedTuple
 import aiofiles.os
 
 from devplug.cdi.files import (
-    FileStamp,
     check_spec_file_name,
     ensure_dir,
     read_bounded,
@@ -49,6 +48,7 @@ from devplug.cdi.ownership import (
     remove_record,
     write_record,
 )
+from devplug.cdi.stamps import FileStamp
 
 DEFAULT_INSTANCE = "default"
 
