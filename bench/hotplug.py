@@ -134,7 +134,8 @@ async def main(devices: int, samples: int) -> None:
                     removes.append(await arrival(session, seen, device_id, False) - started)
     print(f"devices present: {devices}, samples: {samples} adds + {samples} removes")
     print(f"floor (bare pyudev monitor, other process): {summary_ms(floor)}")
-    print(f"uevent -> new list at the kubelet, add:     {summary_ms(adds)} (goal p99 <= 50 ms)")
+    goal = "p99 <= 25 ms at 10,000 devices, 8 ms at 1,000 (issue 16)"
+    print(f"uevent -> new list at the kubelet, add:     {summary_ms(adds)} (goal {goal})")
     print(f"uevent -> new list at the kubelet, remove:  {summary_ms(removes)}")
     print(f"both:                                       {summary_ms(adds + removes)}")
     slowest = sorted(range(samples), key=lambda i: -max(adds[i], removes[i]))[:3]
