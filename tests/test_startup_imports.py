@@ -109,13 +109,20 @@ DAEMON = textwrap.dedent(
 def run_daemon(tmp_path: Path, watched: tuple[str, ...]) -> dict[str, Any]:
     script = tmp_path / "daemon.py"
     script.write_text(DAEMON.format(watched=watched))
+    return run_report(script, str(tmp_path))
+
+
+def run_report(script: Path, *args: str, env: dict[str, str] | None = None) -> dict[str, Any]:
+    """Run ``script`` in a fresh interpreter, without this environment's DEVPLUG_ and
+    PYDANTIC_ settings but with ``env``; its last line, as JSON."""
+    environ = {k: v for k, v in os.environ.items() if not k.startswith(("DEVPLUG_", "PYDANTIC_"))}
     result = subprocess.run(
-        [sys.executable, str(script), str(tmp_path)],
+        [sys.executable, str(script), *args],
         capture_output=True,
         text=True,
         timeout=60,
         check=False,
-        env={k: v for k, v in os.environ.items() if not k.startswith("DEVPLUG_")},
+        env={**environ, **(env or {})},
     )
     assert result.returncode == 0, result.stderr
     report: dict[str, Any] = json.loads(result.stdout.splitlines()[-1])
@@ -160,18 +167,7 @@ COMMAND = textwrap.dedent(
 def run_command(tmp_path: Path, *args: str, env: dict[str, str] | None = None) -> dict[str, Any]:
     script = tmp_path / "command.py"
     script.write_text(COMMAND.format(args=list(args)))
-    environ = {k: v for k, v in os.environ.items() if not k.startswith(("DEVPLUG_", "PYDANTIC_"))}
-    result = subprocess.run(
-        [sys.executable, str(script)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-        env={**environ, **(env or {})},
-    )
-    assert result.returncode == 0, result.stderr
-    report: dict[str, Any] = json.loads(result.stdout.splitlines()[-1])
-    return report
+    return run_report(script, env=env)
 
 
 def config_file(tmp_path: Path) -> Path:
@@ -268,17 +264,7 @@ RUN_PROBED = textwrap.dedent(
 def run_probed(tmp_path: Path, *args: str) -> dict[str, Any]:
     script = tmp_path / "probed.py"
     script.write_text(RUN_PROBED.format(args=list(args)))
-    result = subprocess.run(
-        [sys.executable, str(script)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-        env={k: v for k, v in os.environ.items() if not k.startswith("DEVPLUG_")},
-    )
-    assert result.returncode == 0, result.stderr
-    report: dict[str, Any] = json.loads(result.stdout.splitlines()[-1])
-    return report
+    return run_report(script)
 
 
 def test_run_imports_with_the_collector_off_and_serves_with_it_on(tmp_path: Path) -> None:

@@ -15,6 +15,7 @@ from devplug.cdi.build import (
     RenderedSpec,
     SpecRenderer,
     _natural_order,
+    finish,
     resource_spec,
 )
 from devplug.cdi.catalog import CdiCatalog
@@ -43,13 +44,7 @@ def sliced(
     renderer: SpecRenderer, devices: Mapping[str, DeviceInfo], edit: MapEdit | None
 ) -> RenderedSpec | None:
     """The render, one step per yield (the most slices a render can have)."""
-    steps = renderer.render_steps(devices, edit, always_due)
-    while True:
-        try:
-            next(steps)
-        except StopIteration as done:
-            result: RenderedSpec | None = done.value
-            return result
+    return finish(renderer.render_steps(devices, edit, always_due))
 
 
 def test_a_render_in_slices_gives_what_a_whole_render_gives_through_random_edits() -> None:

@@ -7,7 +7,7 @@ import heapq
 from collections import Counter
 from collections.abc import Callable, Generator, Iterable, Mapping
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import NamedTuple, TypeVar
 
 from devplug.cdi.names import cdi_device_name
 from devplug.cdi.spec import (
@@ -111,6 +111,19 @@ class _Made(NamedTuple):
     version: str  # the lowest cdiVersion the device needs
 
 
+_T = TypeVar("_T")
+
+
+def finish(steps: Generator[None, None, _T]) -> _T:
+    """Run a render's ``steps`` to the end, without pausing; what they return."""
+    while True:
+        try:
+            next(steps)
+        except StopIteration as done:
+            result: _T = done.value
+            return result
+
+
 class SpecRenderer:
     """Renders one resource's spec file, reusing each unchanged device's validated JSON.
 
@@ -146,13 +159,7 @@ class SpecRenderer:
     ) -> RenderedSpec | None:
         """The spec of ``devices``, or None when no device has anything to give. ``edit``: how
         ``devices`` was made from the map rendered last, if known."""
-        steps = self.render_steps(devices, edit, _never)
-        while True:
-            try:
-                next(steps)
-            except StopIteration as done:
-                result: RenderedSpec | None = done.value
-                return result
+        return finish(self.render_steps(devices, edit, _never))
 
     def render_steps(
         self, devices: Mapping[str, DeviceInfo], edit: MapEdit | None, due: Due
