@@ -210,12 +210,9 @@ class Daemon:
             scanners=[s.name for s in self.scan_loop.runner.scanners],
         )
         async with asyncio.TaskGroup() as group, contextlib.AsyncExitStack() as parts:
-            cdi_task: asyncio.Task[None] | None = None
             if self.settings.cdi.enabled:
                 parts.push_async_callback(self._close_cdi)  # after its task has stopped
-                cdi_task = await parts.enter_async_context(
-                    running(group, self._run_cdi(), name="cdi-sync")
-                )
+                await parts.enter_async_context(running(group, self._run_cdi(), name="cdi-sync"))
             await parts.enter_async_context(
                 running(group, self.watcher.run(), name="kubelet-watcher")
             )
@@ -229,10 +226,11 @@ class Daemon:
             await parts.enter_async_context(
                 running(group, self._announce_ready(), name="systemd-ready")
             )
-            if cdi_task is not None:
-                # No CDI pass once stopping: a spec written now would only be deleted again
-                # (specs on disk stay until the task is closed, last).
-                parts.callback(cdi_task.cancel)
+            if self.settings.cdi.enabled:
+                # No CDI work once stopping: a spec written now would only be deleted again.
+                # (Not a cancel: the task is cancelled once, last, so that a write under way
+                # is finished and recorded, and specs on disk stay until it is closed.)
+                parts.callback(self._stop_cdi)
             parts.callback(self._stopping)
             await self.stop_requested.wait()
         log.info("daemon.stopped")
@@ -245,9 +243,15 @@ class Daemon:
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(CDI_START_TIMEOUT_S):
                 await self._first_lists.wait()
+        if self.stop_requested.is_set():
+            return  # stopping before the first lists: no spec to write only to delete
         sync = self.cdi_sync
         assert sync is not None
         await sync.run()
+
+    def _stop_cdi(self) -> None:
+        if self._cdi_sync is not None:
+            self._cdi_sync.stop()
 
     async def _close_cdi(self) -> None:
         if self._cdi_sync is not None:

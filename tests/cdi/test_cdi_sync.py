@@ -32,7 +32,6 @@ from devplug.cdi.stamps import FileStamp
 from devplug.cdi.store import SpecStore
 from devplug.config import CdiSettings, Settings
 from devplug.model import ContainerAllocation, DeviceInfo, DeviceNode, DeviceTree, Health, Mount
-from devplug.scanners.udev import UdevSource
 from devplug.testing.harness import StaticScanner, daemon_settings, running_daemon
 from devplug.testing.simulator import KubeletSimulator, PluginSession
 
@@ -239,41 +238,14 @@ async def test_a_spec_is_written_when_a_resource_appears(
         assert stamp(path) == before
 
 
-class GatedScanner(StaticScanner):
-    """A StaticScanner whose scans wait (in their worker thread) while ``gate`` is clear."""
-
-    def __init__(self, resources: dict[str, dict[str, DeviceInfo]]) -> None:
-        super().__init__(resources)
-        self.gate = threading.Event()
-        self.gate.set()
-
-    def scan(self, source: UdevSource) -> DeviceTree:
-        self.gate.wait(timeout=30)
-        return super().scan(source)
-
-
-async def test_the_daemons_cdi_work_waits_while_a_scan_is_under_way(
+async def test_the_daemon_hands_its_cdi_task_the_scan_loops_quiet(
     kubelet: KubeletSimulator, kubelet_dir: Path, cdi_dir: Path
 ) -> None:
-    """The daemon hands its CDI task the scan loop's ``quiet``: a spec changed by one scan is
-    not written while the next scan runs (the hotplug path goes first), and is once it ends."""
-    scanner = GatedScanner({SERIAL: devices(1)})
-    async with running_daemon(settings(kubelet_dir, cdi_dir), [scanner]) as daemon:
-        await started(kubelet)
-        path = cdi_dir / SERIAL_SPEC
-        await eventually(path.exists, timeout=5)
-        scanner.set({SERIAL: devices(2)})
-        await daemon.rescan()  # published: a CDI pass is due (after its settle)
-        scanner.gate.clear()
-        blocked = asyncio.create_task(daemon.rescan())
-        try:
-            # Unwired, the pass would write within its settle and a slice (~25 ms).
-            await asyncio.sleep(0.5)
-            assert [d["name"] for d in spec_on_disk(path)["devices"]] == ["dev0"]
-        finally:
-            scanner.gate.set()
-        await blocked
-        await eventually(lambda: len(spec_on_disk(path)["devices"]) == 2, timeout=5)
+    """CDI work yields to the hotplug path: the daemon gives the task the scan loop's quiet
+    (the task's own waiting is tested in test_cdi_yielding)."""
+    async with running_daemon(settings(kubelet_dir, cdi_dir), [StaticScanner({})]) as daemon:
+        sync = daemon.cdi_sync
+        assert sync is not None and sync._quiet == daemon.scan_loop.quiet
 
 
 async def test_stopping_abandons_a_pass_under_way_instead_of_writing_a_spec_to_delete(
@@ -293,6 +265,33 @@ async def test_stopping_abandons_a_pass_under_way_instead_of_writing_a_spec_to_d
     events = [entry["event"] for entry in logs]
     stopping = events.index("daemon.stopping")
     assert "cdi.spec.written" not in events[stopping:], events[stopping:]
+
+
+async def test_a_stop_while_a_spec_is_renamed_in_still_removes_it(
+    kubelet: KubeletSimulator, kubelet_dir: Path, cdi_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A stop that lands while a write is under way (the spec renamed into place, the dir's
+    fsync still running) lets the write finish and records it, so the orderly shutdown
+    removes the spec (keep_on_exit off). (Cancelling the task twice once cut such a write
+    between the rename and its record: the spec stayed behind.)"""
+    inside = asyncio.Event()
+    real_fsync_dir = files_module.fsync_dir
+
+    async def slow_fsync_dir(directory: Path) -> None:
+        if (directory / SERIAL_SPEC).exists():
+            inside.set()
+            await asyncio.to_thread(time.sleep, 0.4)  # a busy disk
+        await real_fsync_dir(directory)
+
+    monkeypatch.setattr(files_module, "fsync_dir", slow_fsync_dir)
+    scanner = StaticScanner({SERIAL: devices(50)})
+    with structlog.testing.capture_logs() as logs:
+        async with running_daemon(settings(kubelet_dir, cdi_dir), [scanner]) as daemon:
+            await started(kubelet, count=50)
+            async with asyncio.timeout(5):
+                await inside.wait()
+            daemon.stop_requested.set()
+    assert visible(cdi_dir) == [], [e["event"] for e in logs]
 
 
 async def test_allocate_names_exactly_the_requested_devices(
@@ -1060,7 +1059,7 @@ async def test_a_huge_foreign_spec_is_never_read_whole(short_dir: Path) -> None:
 
 def test_narrowing_a_catalog_entry_through_an_edit_names_what_a_full_pass_names() -> None:
     from devplug.cdi.catalog import CdiResource
-    from devplug.model import DeviceInfo, DeviceNode, DeviceTree
+    from devplug.model import DeviceInfo, DeviceNode
 
     def node(i: int) -> DeviceInfo:
         return DeviceInfo(nodes=(DeviceNode(f"/dev/n{i}"),))

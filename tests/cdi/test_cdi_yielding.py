@@ -24,6 +24,7 @@ from devplug.cdi.sync import CdiSync
 from devplug.config import CdiSettings
 from devplug.model import DeviceInfo, DeviceNode, DeviceTree, MapEdit, Mount
 from devplug.naming import natural_key
+from devplug.testing import eventually
 
 KIND = RESOURCE = "example.com/serial"
 SPEC_FILE = "example.com-serial.json"
@@ -172,6 +173,26 @@ async def test_a_pass_waits_for_the_hotplug_path_and_renders_in_slices(tmp_path:
         assert (cdi_dir / SPEC_FILE).exists()
         # 3,000 devices are more than one slice's work: the gate was asked between slices.
         assert gate.waits > 3
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        await sync.close()
+
+
+async def test_a_pass_still_ends_when_the_hotplug_path_is_never_quiet(tmp_path: Path) -> None:
+    """A storm of uevents that never lets the scan loop park must not starve the specs: each
+    pause waits QUIET_WAIT_MAX_S at most, then one slice runs anyway."""
+    cdi_dir = tmp_path / "cdi"
+    gate = Gate()
+    gate.open.clear()  # never quiet
+    catalog = CdiCatalog()
+    sync = CdiSync(CdiSettings(dir=cdi_dir), catalog, "test", quiet=gate)
+    task = asyncio.create_task(sync.run())
+    try:
+        sync.submit(DeviceTree({RESOURCE: {f"dev{i}": device(i) for i in range(3)}}))
+        await eventually(lambda: catalog.get(RESOURCE) is not None, timeout=10)
+        assert (cdi_dir / SPEC_FILE).exists()
+        assert gate.waits >= 2  # it did ask, each time
     finally:
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)

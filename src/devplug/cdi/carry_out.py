@@ -12,6 +12,7 @@ of one slice at most, and its scan does not share the interpreter with CDI work.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Awaitable, Callable, Mapping
 
@@ -32,6 +33,11 @@ Pause = Callable[[], Awaitable[None]]
 SLICE_S = 0.001
 
 
+class PassAbandoned(Exception):
+    """Raised by a pause once the daemon stops: the pass ends there, before its next render
+    slice or spec's file work (never inside one: a write is never cut half way)."""
+
+
 async def yield_to_loop() -> None:
     """Let everything ready on the loop run first: one iteration to take our turn after the
     callbacks of the file descriptors found ready (a uevent's read), one more so those run
@@ -44,12 +50,26 @@ async def carry_out(
     store: SpecStore, plan: Plan, previous: Mapping[str, Previous], pause: Pause = yield_to_loop
 ) -> dict[str, Outcome]:
     """Build, compare and write specs; remove files. Never raises OSError: each
-    resource's failure is its outcome."""
+    resource's failure is its outcome. A pass abandoned (:class:`PassAbandoned`) returns the
+    outcomes of what it did; the other resources have none."""
     outcomes: dict[str, Outcome] = {}
     try:
         await store.prepare()
     except OSError as exc:
         return {r: exc for r in (*plan.write, *plan.verify, *plan.remove)}
+    # Stopping: what was done is recorded, the rest is left as it is.
+    with contextlib.suppress(PassAbandoned):
+        await _carry_out_each(store, plan, previous, pause, outcomes)
+    return outcomes
+
+
+async def _carry_out_each(
+    store: SpecStore,
+    plan: Plan,
+    previous: Mapping[str, Previous],
+    pause: Pause,
+    outcomes: dict[str, Outcome],
+) -> None:
     for resource, job in plan.write.items():
         try:
             outcomes[resource] = await _write(store, resource, job, previous.get(resource), pause)
@@ -75,7 +95,6 @@ async def carry_out(
             outcomes[resource] = None
         except OSError as exc:
             outcomes[resource] = exc
-    return outcomes
 
 
 async def render_in_slices(job: Write, pause: Pause) -> RenderedSpec | None:

@@ -36,7 +36,7 @@ from devplug._kits.dirwatch import DirWatcher
 from devplug._kits.problems import ProblemLog, error_reason
 from devplug._kits.values import LatestValue
 from devplug.cdi.build import SpecRenderer
-from devplug.cdi.carry_out import SLICE_S, carry_out, yield_to_loop
+from devplug.cdi.carry_out import SLICE_S, PassAbandoned, carry_out, yield_to_loop
 from devplug.cdi.catalog import CdiCatalog, CdiResource
 from devplug.cdi.files import remove_temp_files
 from devplug.cdi.names import default_kind, spec_file_name
@@ -58,6 +58,10 @@ SETTLE_S = 0.02
 RETRY_MAX_S = 60.0
 # How often the lock of a daemon holding one of our specs is probed (one open and flock).
 HELD_RECHECK_S = 0.5
+# The longest a slice waits for the hotplug path's quiet. Under a storm of uevents that never
+# lets the scan loop park, CDI still gets one slice (SLICE_S) per this much: the specs catch
+# up, and an event waits for one slice at most once per this much.
+QUIET_WAIT_MAX_S = 0.025
 
 
 def _relevant(name: str) -> bool:
@@ -98,6 +102,7 @@ class CdiSync:
         self._on_change = on_change
         # Returns once the hotplug path is quiet; awaited before each slice of a pass.
         self._quiet = quiet
+        self._stopping = False
 
     def submit(self, tree: DeviceTree) -> None:
         """The devices now advertised; the task writes what changed."""
@@ -109,16 +114,29 @@ class CdiSync:
         if self._tree.value is not None:
             self._tree.set(self._tree.value)
 
+    def stop(self) -> None:
+        """The daemon is stopping: a pass under way ends at its next pause, before any render
+        slice or file work it has not begun, and no pass starts after it. Specs on disk stay
+        until :meth:`close`."""
+        self._stopping = True
+
     async def _pause(self) -> None:
         """Between slices of a pass: let the loop run what is ready (a uevent's read), then
-        wait while the hotplug path is busy."""
+        wait while the hotplug path is busy (QUIET_WAIT_MAX_S at most). Raises PassAbandoned
+        once stopping."""
         await yield_to_loop()
+        if self._stopping:
+            raise PassAbandoned
         if self._quiet is not None:
-            await self._quiet()
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(QUIET_WAIT_MAX_S):
+                    await self._quiet()
         else:
             # Nobody says when the hotplug path is busy: leave the loop idle as long as a slice
             # lasts, so that a scan's worker thread gets the interpreter at once.
             await asyncio.sleep(SLICE_S)
+        if self._stopping:
+            raise PassAbandoned
 
     def kind_of(self, resource: str) -> str | None:
         kind = self.settings.kinds.get(resource)
@@ -184,6 +202,8 @@ class CdiSync:
                     reconciled = await self._reconcile_start()
                 if tree is not None:
                     await self._sync(tree)
+            except PassAbandoned:
+                await asyncio.get_running_loop().create_future()  # stopping: until cancelled
             except asyncio.CancelledError:
                 raise
             except Exception:
@@ -306,10 +326,16 @@ class CdiSync:
         try:
             outcomes = await asyncio.shield(work)
         except asyncio.CancelledError:
-            # Stopping: a rename may be under way in a worker thread, so wait for the work and
-            # record what it wrote, or close() would not know to remove a spec written in
-            # these last milliseconds.
-            self._record(plan, await work, before)
+            # Stopping: a rename may be under way in a worker thread, so let the work end (at
+            # its next pause, which never waits long) and record what it wrote, or close()
+            # would not know to remove a spec written in these last milliseconds. The work
+            # stays shielded from every further cancel: one reaching it would cut a write.
+            self.stop()
+            while not work.done():
+                with contextlib.suppress(asyncio.CancelledError):
+                    await asyncio.shield(work)
+            if not work.cancelled() and work.exception() is None:
+                self._record(plan, work.result(), before)
             raise
         self._record(plan, outcomes, before)
         if self._on_change is not None:
