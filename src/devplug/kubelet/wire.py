@@ -215,8 +215,9 @@ def _text(tag: int, value: str) -> bytes:
 
 
 def _entries(tag: int, mapping: Mapping[str, str]) -> list[bytes]:
-    # Key and value written even when empty, as protobuf writes map entries; in key order, as
-    # its deterministic serialization does (its default order is its hash table's).
+    # Key and value written even when empty, as protobuf writes map entries; sorted by key, so
+    # that one answer is always the same bytes. (Protobuf's deterministic serialization sorts
+    # too, but its order is not canonical: upb puts "ab" before "a", pure Python after.)
     return [
         _short(tag, _short(_KEY, key.encode()) + _short(_VALUE, mapping[key].encode()))
         for key in sorted(mapping)
@@ -225,8 +226,9 @@ def _entries(tag: int, mapping: Mapping[str, str]) -> list[bytes]:
 
 def container_entry(answer: ContainerAllocation) -> bytes:
     """One container's answer as it appears in an encoded AllocateResponse: the
-    ``container_responses`` field holding :func:`container_response`'s encoding (the bytes
-    protobuf's deterministic serialization writes), without building the message."""
+    ``container_responses`` field holding :func:`container_response`'s encoding, without
+    building the message: it parses to the same message, in the bytes protobuf's deterministic
+    serialization writes but for the order of map entries whose keys prefix one another."""
     parts = _entries(_ENVS, answer.env)
     parts += [
         _short(
