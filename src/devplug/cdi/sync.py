@@ -9,8 +9,9 @@ specs this instance wrote in an earlier run for resources it no longer has are d
 CDI work never delays a hotplug event's ListAndWatch message: a pass starts SETTLE_S after the
 tree it follows was handed over, renders on the event loop in slices (a first render of
 10,000 devices is ~0.3 s of CPU), and before each slice and each spec's file work it awaits
-``quiet`` (the daemon passes the scan loop's: no event, scan or publish under way). A pass
-that meets a uevent is paused until that event's list has been published, and resumes then.
+``quiet`` (the daemon passes the scan loop's: no event, scan or publish under way), for
+QUIET_WAIT_MAX_S at most. A pass that meets a uevent is paused until that event's list has
+been published, and resumes then; a storm of uevents slows it but cannot stop it.
 
 The CDI dir is shared (:mod:`devplug.cdi.store` has the rules): files of other writers are
 never touched, and a spec another running devplug serves is left to it until it stops. One
