@@ -32,6 +32,7 @@ from devplug.cdi.stamps import FileStamp
 from devplug.cdi.store import SpecStore
 from devplug.config import CdiSettings, Settings
 from devplug.model import ContainerAllocation, DeviceInfo, DeviceNode, DeviceTree, Health, Mount
+from devplug.scanners.udev import UdevSource
 from devplug.testing.harness import StaticScanner, daemon_settings, running_daemon
 from devplug.testing.simulator import KubeletSimulator, PluginSession
 
@@ -246,6 +247,43 @@ async def test_the_daemon_hands_its_cdi_task_the_scan_loops_quiet(
     async with running_daemon(settings(kubelet_dir, cdi_dir), [StaticScanner({})]) as daemon:
         sync = daemon.cdi_sync
         assert sync is not None and sync._quiet == daemon.scan_loop.quiet
+
+
+class GatedScanner(StaticScanner):
+    """A StaticScanner whose scans wait (in their worker thread) while ``gate`` is clear."""
+
+    def __init__(self, resources: dict[str, dict[str, DeviceInfo]]) -> None:
+        super().__init__(resources)
+        self.gate = threading.Event()
+        self.gate.set()
+
+    def scan(self, source: UdevSource) -> DeviceTree:
+        self.gate.wait(timeout=30)
+        return super().scan(source)
+
+
+async def test_the_daemons_cdi_work_waits_while_a_scan_is_under_way(
+    kubelet: KubeletSimulator, kubelet_dir: Path, cdi_dir: Path
+) -> None:
+    """A spec changed by one scan is not written while the next scan runs (the hotplug path
+    goes first; the wait is bounded by QUIET_WAIT_MAX_S, 0.5 s), and is once it ends."""
+    scanner = GatedScanner({SERIAL: devices(1)})
+    async with running_daemon(settings(kubelet_dir, cdi_dir), [scanner]) as daemon:
+        await started(kubelet)
+        path = cdi_dir / SERIAL_SPEC
+        await eventually(path.exists, timeout=5)
+        scanner.set({SERIAL: devices(2)})
+        await daemon.rescan()  # published: a CDI pass is due (after its 20 ms settle)
+        scanner.gate.clear()
+        blocked = asyncio.create_task(daemon.rescan())
+        try:
+            # Without the wait, the pass would write within its settle and a slice (~25 ms).
+            await asyncio.sleep(0.2)
+            assert [d["name"] for d in spec_on_disk(path)["devices"]] == ["dev0"]
+        finally:
+            scanner.gate.set()
+        await blocked
+        await eventually(lambda: len(spec_on_disk(path)["devices"]) == 2, timeout=5)
 
 
 async def test_stopping_abandons_a_pass_under_way_instead_of_writing_a_spec_to_delete(

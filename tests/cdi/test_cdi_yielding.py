@@ -8,6 +8,9 @@ import posixpath
 import random
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
+
+import pytest
 
 from devplug.cdi import spec as spec_module
 from devplug.cdi.build import (
@@ -193,6 +196,56 @@ async def test_a_pass_still_ends_when_the_hotplug_path_is_never_quiet(tmp_path: 
         await eventually(lambda: catalog.get(RESOURCE) is not None, timeout=10)
         assert (cdi_dir / SPEC_FILE).exists()
         assert gate.waits >= 2  # it did ask, each time
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        await sync.close()
+
+
+async def test_a_renderer_bug_costs_its_resource_only_and_what_was_written_is_recorded(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A bug raised by one resource's render (not an OSError) must not lose the outcome of a
+    spec already written in the same pass: it is recorded, so the orderly close removes it."""
+    cdi_dir = tmp_path / "cdi"
+    broken = "example.com/zzz"
+    real_steps = SpecRenderer.render_steps
+
+    def steps(self: SpecRenderer, *args: Any, **kwargs: Any) -> Any:
+        if self.kind == broken:
+            raise RuntimeError("a bug in a renderer")
+        return real_steps(self, *args, **kwargs)
+
+    monkeypatch.setattr(SpecRenderer, "render_steps", steps)
+    catalog = CdiCatalog()
+    sync = CdiSync(CdiSettings(dir=cdi_dir), catalog, "test")
+    task = asyncio.create_task(sync.run())
+    try:
+        sync.submit(DeviceTree({RESOURCE: {"dev0": device(0)}, broken: {"d": device(1)}}))
+        await eventually(lambda: catalog.get(RESOURCE) is not None, timeout=10)
+        assert catalog.get(broken) is None
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        await sync.close()
+    assert sorted(p.name for p in cdi_dir.glob("*.json")) == []
+
+
+async def test_no_pass_starts_after_stop(tmp_path: Path) -> None:
+    """Stopping: a tree handed over afterwards (a publish during shutdown) starts no pass: the
+    catalog and the files stay as they were until close()."""
+    cdi_dir = tmp_path / "cdi"
+    catalog = CdiCatalog()
+    sync = CdiSync(CdiSettings(dir=cdi_dir), catalog, "test")
+    task = asyncio.create_task(sync.run())
+    try:
+        sync.submit(DeviceTree({RESOURCE: {f"dev{i}": device(i) for i in range(3)}}))
+        await eventually(lambda: catalog.get(RESOURCE) is not None, timeout=10)
+        sync.stop()
+        sync.submit(DeviceTree())  # the resource went away during shutdown
+        await asyncio.sleep(0.2)  # a pass would settle 20 ms, then plan and drop the entry
+        assert catalog.get(RESOURCE) is not None
+        assert (cdi_dir / SPEC_FILE).exists()
     finally:
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)

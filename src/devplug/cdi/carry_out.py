@@ -5,8 +5,10 @@ decides what to do (:mod:`devplug.cdi.plan`) and records what came of it.
 
 The pass yields to the hotplug path: renders run on the event loop in slices of SLICE_S, and
 before each slice and each spec's file work the pass awaits ``pause`` (the sync's: until the
-hotplug path is quiet). A uevent that arrives while a pass runs therefore waits for the rest
-of one slice at most, and its scan does not share the interpreter with CDI work.
+hotplug path is quiet, or QUIET_WAIT_MAX_S at most). A uevent that arrives while a pass
+runs therefore waits for the rest of one slice at most, and its scan and publish (a few
+milliseconds) do not share the interpreter with CDI work; only a hotplug path busy for
+longer (a full scan of a big host, a storm of uevents) lets one slice in per QUIET_WAIT_MAX_S.
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ import contextlib
 import time
 from collections.abc import Awaitable, Callable, Mapping
 
+import structlog
+
 from devplug.cdi.build import RenderedSpec
 from devplug.cdi.catalog import CdiResource
 from devplug.cdi.files import stamp
@@ -23,6 +27,8 @@ from devplug.cdi.plan import Done, Outcome, Plan, Write
 from devplug.cdi.stamps import FileStamp
 from devplug.cdi.store import SpecStore
 from devplug.errors import CdiSpecError
+
+log = structlog.get_logger("devplug.cdi")
 
 # A resource's spec as last written: its bytes and the file's stamp.
 Previous = tuple[bytes, FileStamp | None]
@@ -47,16 +53,23 @@ async def yield_to_loop() -> None:
 
 
 async def carry_out(
-    store: SpecStore, plan: Plan, previous: Mapping[str, Previous], pause: Pause = yield_to_loop
+    store: SpecStore,
+    plan: Plan,
+    previous: Mapping[str, Previous],
+    pause: Pause = yield_to_loop,
+    outcomes: dict[str, Outcome] | None = None,
 ) -> dict[str, Outcome]:
-    """Build, compare and write specs; remove files. Never raises OSError: each
-    resource's failure is its outcome. A pass abandoned (:class:`PassAbandoned`) returns the
-    outcomes of what it did; the other resources have none."""
-    outcomes: dict[str, Outcome] = {}
+    """Build, compare and write specs; remove files; each resource's outcome goes into
+    ``outcomes`` as soon as it is known (so that the caller has them however this ends), and
+    is returned. Each resource's failure is its outcome, a bug's too (logged with its
+    traceback). A pass abandoned (:class:`PassAbandoned`) ends early; the resources it did
+    not reach have no outcome."""
+    outcomes = {} if outcomes is None else outcomes
     try:
         await store.prepare()
     except OSError as exc:
-        return {r: exc for r in (*plan.write, *plan.verify, *plan.remove)}
+        outcomes.update({r: exc for r in (*plan.write, *plan.verify, *plan.remove)})
+        return outcomes
     # Stopping: what was done is recorded, the rest is left as it is.
     with contextlib.suppress(PassAbandoned):
         await _carry_out_each(store, plan, previous, pause, outcomes)
@@ -73,7 +86,13 @@ async def _carry_out_each(
     for resource, job in plan.write.items():
         try:
             outcomes[resource] = await _write(store, resource, job, previous.get(resource), pause)
+        except PassAbandoned:
+            raise
         except (OSError, CdiSpecError) as exc:
+            outcomes[resource] = exc
+        except Exception as exc:
+            # A bug (a renderer's, say) costs this resource its spec, not the others theirs.
+            log.exception("cdi.spec.render_failed", resource=resource)
             outcomes[resource] = exc
     for resource, check in plan.verify.items():
         await pause()

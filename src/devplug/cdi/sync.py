@@ -60,9 +60,10 @@ RETRY_MAX_S = 60.0
 # How often the lock of a daemon holding one of our specs is probed (one open and flock).
 HELD_RECHECK_S = 0.5
 # The longest a slice waits for the hotplug path's quiet. Under a storm of uevents that never
-# lets the scan loop park, CDI still gets one slice (SLICE_S) per this much: the specs catch
-# up, and an event waits for one slice at most once per this much.
-QUIET_WAIT_MAX_S = 0.025
+# lets the scan loop park, CDI still gets one slice (SLICE_S) per this much, so the specs do
+# catch up; a full scan (0.4 s at 1,000 GPUs) or a reload rarely lasts long enough to meet a
+# slice, and an event's scan and publish (~5 ms) never do.
+QUIET_WAIT_MAX_S = 0.5
 
 
 def _relevant(name: str) -> bool:
@@ -192,8 +193,10 @@ class CdiSync:
         reconciled = False
         while True:
             # Changes in a burst are written once. (The list of the scan that submitted this
-            # tree reaches the kubelet first whatever the delay: see _pause.)
+            # tree reaches the kubelet first: see _pause.)
             await asyncio.sleep(SETTLE_S)
+            if self._stopping:
+                await asyncio.get_running_loop().create_future()  # no pass after stop()
             version = self._tree.version
             tree = self._tree.value
             trouble = False
@@ -323,22 +326,25 @@ class CdiSync:
             old = before[resource]
             if old is not None:
                 self.catalog.set(resource, old.narrowed_to(job.devices, job.edit))
-        work = asyncio.ensure_future(carry_out(self.store, plan, previous, self._pause))
+        # Filled as the work goes: whatever ends it (a failure, a stop), what it did is
+        # recorded, or close() would not know to remove a spec written before the end.
+        outcomes: dict[str, Outcome] = {}
+        work = asyncio.ensure_future(carry_out(self.store, plan, previous, self._pause, outcomes))
         try:
-            outcomes = await asyncio.shield(work)
+            await asyncio.shield(work)
         except asyncio.CancelledError:
             # Stopping: a rename may be under way in a worker thread, so let the work end (at
-            # its next pause, which never waits long) and record what it wrote, or close()
-            # would not know to remove a spec written in these last milliseconds. The work
-            # stays shielded from every further cancel: one reaching it would cut a write.
+            # its next pause, which never waits long) before recording. The work stays
+            # shielded from every further cancel: one reaching it would cut a write.
             self.stop()
             while not work.done():
                 with contextlib.suppress(asyncio.CancelledError):
                     await asyncio.shield(work)
-            if not work.cancelled() and work.exception() is None:
-                self._record(plan, work.result(), before)
+            if not work.cancelled() and work.exception() is not None:
+                log.error("cdi.sync.failed", dir=str(self.directory), exc_info=work.exception())
             raise
-        self._record(plan, outcomes, before)
+        finally:
+            self._record(plan, outcomes, before)
         if self._on_change is not None:
             self._on_change()
 

@@ -12,7 +12,8 @@ Each result goes through the health gate and is handed to ``publish``: the daemo
 composition passes it to the kubelet front, then to the CDI sync. The loop knows neither.
 Work that must never delay the hotplug path (the CDI sync's) awaits :meth:`ScanLoop.quiet`
 between its slices: it returns while the loop is parked with nothing pending, so from a
-uevent's read to its list's publication such work stands still.
+uevent's read to its list's publication such work stands still (unless that takes longer
+than the waiter's own bound: the CDI sync's is half a second).
 """
 
 from __future__ import annotations
