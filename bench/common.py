@@ -12,7 +12,6 @@ import contextlib
 import hashlib
 import os
 import shutil
-import signal
 import statistics
 import subprocess
 import sys
@@ -105,33 +104,14 @@ async def daemon_process(
     (default this one), e.g. :func:`runtime_python`'s."""
     config = kubelet_dir.parent / "config.yaml"
     config.write_text(config_text)
-    environ = {**host.env(), **(env or {})}
-    if python is None:
-        async with testing_daemon_process(
-            config, kubelet_dir, env=environ, output=asyncio.subprocess.DEVNULL
-        ) as process:
-            yield process
-        return
-    # The same command line as devplug.testing.daemon_process, another interpreter.
-    process = await asyncio.create_subprocess_exec(
-        python,
-        *("-m", "devplug", "run", "--config", str(config), "--kubelet-dir", str(kubelet_dir)),
-        *("--cdi-dir", str(kubelet_dir.parent / "cdi"), "--log-format", "json"),
-        stdout=asyncio.subprocess.DEVNULL,
-        stderr=asyncio.subprocess.DEVNULL,
-        env={**os.environ, **environ},
-    )
-    try:
+    async with testing_daemon_process(
+        config,
+        kubelet_dir,
+        env={**host.env(), **(env or {})},
+        output=asyncio.subprocess.DEVNULL,
+        python=python,
+    ) as process:
         yield process
-    finally:
-        if process.returncode is None:
-            process.send_signal(signal.SIGTERM)
-            try:
-                async with asyncio.timeout(10):
-                    await process.wait()
-            except TimeoutError:
-                process.kill()
-                await process.wait()
 
 
 REPO = Path(__file__).resolve().parent.parent

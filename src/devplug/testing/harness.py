@@ -113,15 +113,17 @@ async def daemon_process(
     env: Mapping[str, str] | None = None,
     output: int | None = asyncio.subprocess.PIPE,
     module: str = "devplug",
+    python: str | None = None,
 ) -> AsyncIterator[asyncio.subprocess.Process]:
     """``devplug run`` as a child process (JSON logs on stderr), stopped with SIGTERM on exit.
 
     ``env`` is added to this process's environment: pass ``UmockdevHost.env()`` to let the
     daemon see mock hardware. ``output`` is where stdout and stderr go (PIPE to read them).
     ``module``: run as ``python -m <module> run ...`` (an entry point wrapping devplug's).
+    ``python``: the interpreter (default this one; another venv's, to time an install).
     """
     process = await asyncio.create_subprocess_exec(
-        sys.executable,
+        python or sys.executable,
         "-m",
         module,
         "run",
