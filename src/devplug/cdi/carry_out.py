@@ -56,24 +56,22 @@ async def carry_out(
     store: SpecStore,
     plan: Plan,
     previous: Mapping[str, Previous],
-    pause: Pause = yield_to_loop,
-    outcomes: dict[str, Outcome] | None = None,
-) -> dict[str, Outcome]:
+    pause: Pause,
+    outcomes: dict[str, Outcome],
+) -> None:
     """Build, compare and write specs; remove files; each resource's outcome goes into
-    ``outcomes`` as soon as it is known (so that the caller has them however this ends), and
-    is returned. Each resource's failure is its outcome, a bug's too (logged with its
-    traceback). A pass abandoned (:class:`PassAbandoned`) ends early; the resources it did
-    not reach have no outcome."""
-    outcomes = {} if outcomes is None else outcomes
+    ``outcomes`` as soon as it is known, so that the caller has them however this ends. Each
+    resource's failure is its outcome, a bug's too (logged with its traceback). A pass
+    abandoned (:class:`PassAbandoned`) ends early; the resources it did not reach have no
+    outcome."""
     try:
         await store.prepare()
     except OSError as exc:
         outcomes.update({r: exc for r in (*plan.write, *plan.verify, *plan.remove)})
-        return outcomes
+        return
     # Stopping: what was done is recorded, the rest is left as it is.
     with contextlib.suppress(PassAbandoned):
         await _carry_out_each(store, plan, previous, pause, outcomes)
-    return outcomes
 
 
 async def _carry_out_each(
