@@ -26,6 +26,7 @@ from devplug.model import (
     Health,
 )
 from devplug.scanners.udev import UdevSource
+from devplug.testing import eventually
 from devplug.testing.harness import FAST_TIMING, StaticScanner, daemon_settings, running_daemon
 from devplug.testing.simulator import KubeletSimulator, SimulatorRpcError
 from devplug.testing.umockdev import UmockdevHost, add_usb_serial
@@ -505,3 +506,40 @@ async def test_a_failing_allocate_hook_is_internal_and_the_server_keeps_serving(
             await session.allocate(["dev0"], ["dev0"])
         assert short.value.code == "INTERNAL"
         assert await session.allocate(["dev0"]) == [ContainerAllocation()]
+
+
+async def test_allocate_log_lines_come_a_moment_later_and_none_is_lost_at_stop(
+    kubelet: KubeletSimulator, kubelet_dir: Path
+) -> None:
+    watcher = KubeletDirWatcher(kubelet_dir)
+    watching = asyncio.create_task(watcher.run())
+    server = ResourceServer(
+        SERIAL, devices(2), None, kubelet_dir=kubelet_dir, watcher=watcher, timing=FAST_TIMING
+    )
+    task = asyncio.create_task(server.run())
+    try:
+        with structlog.testing.capture_logs() as logs:
+            session = await kubelet.wait_for_plugin(SERIAL)
+            await session.allocate(["dev0"])
+            await eventually(lambda: any(e["event"] == "allocate.complete" for e in logs))
+            # A line still waiting when the server stops is written as it stops.
+            server.servicer._later.delay_s = 3600
+            await session.allocate(["dev1"])
+            assert [e["devices"] for e in logs if e["event"] == "allocate.complete"] == [[["dev0"]]]
+            task.cancel()
+            await asyncio.wait({task})
+        lines = [e for e in logs if e["event"] == "allocate.complete"]
+        assert [(e["devices"], e["resource"]) for e in lines] == [
+            ([["dev0"]], SERIAL),
+            ([["dev1"]], SERIAL),
+        ]
+        events = [e["event"] for e in logs]
+        assert len(events) - events[::-1].index("allocate.complete") <= events.index(
+            "server.stopped"
+        )  # written before the server says it stopped
+    finally:
+        watching.cancel()
+        await asyncio.wait({watching})
+        if not task.done():
+            task.cancel()
+            await asyncio.wait({task})

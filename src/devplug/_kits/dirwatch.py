@@ -32,6 +32,7 @@ _WATCH_MASK = (
     | Mask.MOVED_TO
     | Mask.CLOSE_WRITE
     | Mask.MODIFY
+    | Mask.ATTRIB  # a chmod or chown: a file's ctime changes, and with it devplug's stamp of it
     | Mask.DELETE_SELF
     | Mask.MOVE_SELF
     | Mask.ONLYDIR
@@ -49,9 +50,18 @@ class DirWatcher:
         self.relevant = relevant
         self.topic = topic
         self.changes: LatestValue[int] = LatestValue(0)
+        # True while the inotify watch is set: then every change bumps ``changes``.
+        self.watching = False
 
     def _bump(self) -> None:
         self.changes.set(self.changes.value + 1)
+
+    def token(self) -> int | None:
+        """While the dir is watched, a number that changes whenever a relevant file may have
+        (``changes.version``): a follower that saw a file at one token and sees the same token
+        now knows the file is as it saw it, up to events the event loop has not read yet.
+        None while there is no watch (nothing would tell of a change)."""
+        return self.changes.version if self.watching else None
 
     def poke(self) -> None:
         """Wake every follower to look for itself, as if something changed."""
@@ -101,17 +111,23 @@ class DirWatcher:
         with Inotify() as inotify:
             inotify.add_watch(self.directory, _WATCH_MASK)
             parent = inotify.add_watch(self.directory.parent, _PARENT_MASK)
-            # Anything may have happened before the watch existed: let followers re-check.
-            self._bump()
-            async for event in inotify:
-                about_dir = event.watch is parent and str(event.name) == self.directory.name
-                if about_dir or (event.watch is not parent and event.mask & _GONE):
-                    log.warning(f"{self.topic}.dir.gone", dir=str(self.directory))
-                    self._bump()
-                    return
-                if event.mask & Mask.Q_OVERFLOW or (
-                    event.watch is not parent
-                    and event.name is not None
-                    and self.relevant(str(event.name))
-                ):
-                    self._bump()
+            self.watching = True
+            try:
+                # Anything may have happened before the watch existed: let followers re-check.
+                self._bump()
+                async for event in inotify:
+                    about_dir = event.watch is parent and str(event.name) == self.directory.name
+                    if about_dir or (event.watch is not parent and event.mask & _GONE):
+                        log.warning(f"{self.topic}.dir.gone", dir=str(self.directory))
+                        return
+                    if event.mask & Mask.Q_OVERFLOW or (
+                        event.watch is not parent
+                        and event.name is not None
+                        and self.relevant(str(event.name))
+                    ):
+                        self._bump()
+            finally:
+                # Bumped as the watch ends: whatever happens from now on goes unseen until
+                # the next watch, so a follower's token from before must not stay valid.
+                self.watching = False
+                self._bump()

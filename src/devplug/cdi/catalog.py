@@ -68,6 +68,10 @@ class CdiCatalog:
         self.generation = 0
         # Called when Allocate finds a spec gone or replaced behind devplug's back.
         self.on_stale: Callable[[str], None] | None = None
+        # The CDI dir watch's token (DirWatcher.token), once a watch follows the dir.
+        self.dir_token: Callable[[], int | None] | None = None
+        # resource -> (its entry, the dir token) when an lstat last found the entry's file.
+        self._confirmed: dict[str, tuple[CdiResource, int]] = {}
 
     def resources(self) -> list[str]:
         """The resources whose spec is on disk (for status and tests)."""
@@ -77,11 +81,21 @@ class CdiCatalog:
         """Drop ``resource``'s entry if its file is no longer the one written (deleted, or
         replaced by someone else), so that no name the runtime cannot resolve is sent.
 
-        One lstat per Allocate, on the event loop: the CDI dir is a tmpfs (/var/run/cdi) or a
-        local dir, and a stale name would fail the container.
+        An lstat, on the event loop (the CDI dir is a tmpfs, /var/run/cdi, or a local dir: a
+        stale name would fail the container), unless the dir watch has seen no change since
+        the last lstat that found the file: then nothing can have happened to it but in the
+        events the event loop has yet to read. (On a just-woken CPU that lstat is a tenth of
+        an Allocate's own time.)
         """
         entry = self._resources.get(resource)
-        if entry is None or entry.path is None or file_stamp(entry.path) == entry.stamp:
+        if entry is None or entry.path is None:
+            return
+        token = self.dir_token() if self.dir_token is not None else None
+        if token is not None and self._confirmed.get(resource) == (entry, token):
+            return
+        if file_stamp(entry.path) == entry.stamp:
+            if token is not None:
+                self._confirmed[resource] = (entry, token)
             return
         log.warning("cdi.spec.vanished", resource=resource, file=str(entry.path))
         self.set(resource, None)
@@ -96,6 +110,7 @@ class CdiCatalog:
             return
         if value is None:
             self._resources.pop(resource, None)
+            self._confirmed.pop(resource, None)
         else:
             self._resources[resource] = value
         self.generation += 1

@@ -98,6 +98,7 @@ class CdiSync:
         # resource -> the owner token of the running daemon that serves its spec
         self._held: dict[str, str] = {}
         catalog.on_stale = self._stale
+        catalog.dir_token = self.watcher.token
         self.writes = 0  # counters for stats and metrics
         self.failures = 0
         # Told after every pass that recorded something (the daemon's stats).

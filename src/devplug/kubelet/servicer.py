@@ -26,6 +26,7 @@ from typing import Any, NamedTuple, NoReturn, TypeVar
 import grpc
 import structlog
 
+from devplug._kits.later import Later
 from devplug._kits.problems import ProblemLog
 from devplug._kits.values import LatestValue
 from devplug._proto import deviceplugin_v1beta1_pb2 as pb
@@ -62,6 +63,11 @@ MAX_STREAMS = 4
 # Above this many offered ids the default preferred-allocation policy (a sort, then a few
 # lookups per id) runs in a worker thread instead of on the event loop.
 PREFERRED_OFF_LOOP_IDS = 2000
+# Allocate's log line is written this long after the answer at most (see devplug._kits.later),
+# or at the loop's next turn once this many are waiting (~10 us each: a batch holds the loop
+# well under a millisecond); the server flushes them when it stops.
+ALLOCATE_LOG_DELAY_S = 0.02
+ALLOCATE_LOG_MAX_PENDING = 64
 
 
 async def _resolve(value: T | Awaitable[T]) -> T:
@@ -129,6 +135,7 @@ class DevicePluginServicer:
         self.idle = asyncio.Event()  # set while no ListAndWatch stream is open
         self.idle.set()
         self._log = log.bind(resource=resource)
+        self._later = Later(ALLOCATE_LOG_DELAY_S, ALLOCATE_LOG_MAX_PENDING)
 
     # (device snapshot, extension generation) the cached answers were made under.
     _answers_for: tuple[DeviceMap, int] | None = None
@@ -227,16 +234,15 @@ class DevicePluginServicer:
             await self._refuse(context, "allocate", exc)
         except Exception:
             await self._fail(context, "allocate")
-        # Counted and logged once the call is over (the answer sent): the log line's rendering
-        # and write are then not part of the kubelet's wait.
-        logged = answer.logged
-        # grpc-stubs declares a class where any callable of the context is taken.
-        context.add_done_callback(lambda _: self._allocated(logged))  # type: ignore[arg-type]
+        self.events.allocated(self.resource, "ok")
+        # The log line is rendered and written later, with any others due by then: not while
+        # the kubelet reads the answer (see devplug._kits.later).
+        self._later.call(self._log.info, "allocate.complete", devices=answer.logged)
         return answer.encoded
 
-    def _allocated(self, logged: object) -> None:
-        self.events.allocated(self.resource, "ok")
-        self._log.info("allocate.complete", devices=logged)
+    def flush_logs(self) -> None:
+        """Write the log lines still waiting (see ALLOCATE_LOG_DELAY_S): at stop."""
+        self._later.flush()
 
     def _cached_answer(self, raw: bytes, devices: DeviceMap) -> _Answer | None:
         """The cached answer to the request encoded as ``raw``, valid for ``devices`` and the
