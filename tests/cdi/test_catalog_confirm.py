@@ -53,7 +53,7 @@ def catalog_with_spec(directory: Path) -> tuple[CdiCatalog, list[str]]:
 @pytest.fixture
 async def watched(tmp_path: Path) -> AsyncIterator[DirWatcher]:
     """A running watch on tmp_path, as CdiSync runs one on the CDI dir."""
-    watcher = DirWatcher(tmp_path, lambda name: name.endswith(".json"), "cdi")
+    watcher = DirWatcher(tmp_path, lambda name: name.endswith(".json"), "cdi", attributes=True)
     task = asyncio.create_task(watcher.run())
     await eventually(lambda: watcher.watching)
     try:
@@ -126,7 +126,7 @@ async def test_any_change_the_watch_sees_makes_the_next_confirm_look_again(
 async def test_once_the_watch_ends_every_confirm_stats_again(
     tmp_path: Path, lstats: list[Path]
 ) -> None:
-    watcher = DirWatcher(tmp_path, lambda name: name.endswith(".json"), "cdi")
+    watcher = DirWatcher(tmp_path, lambda name: name.endswith(".json"), "cdi", attributes=True)
     task = asyncio.create_task(watcher.run())
     await eventually(lambda: watcher.watching)
     catalog, _ = catalog_with_spec(tmp_path)

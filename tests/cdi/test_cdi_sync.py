@@ -999,8 +999,14 @@ async def test_a_spec_deleted_behind_the_daemons_back_is_written_again_at_once(
             (cdi_dir / SERIAL_SPEC).write_bytes(b"{}")
             await eventually(lambda: sync.writes > writes + 2, timeout=1)
             assert (cdi_dir / SERIAL_SPEC).read_bytes() == first
+            # Its mode changed (a runtime that cannot read it fails the container): the same.
+            # (After the rewrite's own events have passed, so that only the chmod's can wake it.)
+            await asyncio.sleep(0.3)
+            os.chmod(cdi_dir / SERIAL_SPEC, 0o600)
+            await eventually(lambda: sync.writes > writes + 3, timeout=1)
+            assert (cdi_dir / SERIAL_SPEC).stat().st_mode & 0o777 != 0o600
     rewritten = [e for e in logs if e["event"] == "cdi.spec.rewritten"]
-    assert [(e["resource"], e["log_level"]) for e in rewritten] == [(SERIAL, "warning")] * 3
+    assert [(e["resource"], e["log_level"]) for e in rewritten] == [(SERIAL, "warning")] * 4
 
 
 async def test_odd_files_in_the_cdi_dir_do_not_stop_the_daemon(

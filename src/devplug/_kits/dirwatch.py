@@ -32,7 +32,6 @@ _WATCH_MASK = (
     | Mask.MOVED_TO
     | Mask.CLOSE_WRITE
     | Mask.MODIFY
-    | Mask.ATTRIB  # a chmod or chown: a file's ctime changes, and with it devplug's stamp of it
     | Mask.DELETE_SELF
     | Mask.MOVE_SELF
     | Mask.ONLYDIR
@@ -45,8 +44,17 @@ class DirWatcher:
     """Watches ``directory``; ``changes`` bumps on every event about a name ``relevant``
     accepts. ``topic`` prefixes the log events (``<topic>.dir.missing``, ...)."""
 
-    def __init__(self, directory: Path, relevant: Callable[[str], bool], topic: str) -> None:
+    def __init__(
+        self,
+        directory: Path,
+        relevant: Callable[[str], bool],
+        topic: str,
+        *,
+        attributes: bool = False,
+    ) -> None:
         self.directory = directory
+        # ``attributes``: a chmod, chown or touch is a change too (it moves a file's ctime).
+        self.mask = _WATCH_MASK | Mask.ATTRIB if attributes else _WATCH_MASK
         self.relevant = relevant
         self.topic = topic
         self.changes: LatestValue[int] = LatestValue(0)
@@ -109,7 +117,7 @@ class DirWatcher:
         references it any more, and a listening unix socket bound in it keeps it referenced.
         """
         with Inotify() as inotify:
-            inotify.add_watch(self.directory, _WATCH_MASK)
+            inotify.add_watch(self.directory, self.mask)
             parent = inotify.add_watch(self.directory.parent, _PARENT_MASK)
             self.watching = True
             try:

@@ -28,7 +28,8 @@ def stamp_of(info: os.stat_result) -> FileStamp:
 def file_stamp(path: Path) -> FileStamp | None:
     """The stamp of ``path`` (not followed through a symlink), None if it is missing.
 
-    Synchronous on purpose: Allocate confirms its spec with this one lstat on the event loop.
+    Synchronous on purpose: Allocate confirms its spec with this lstat on the event loop
+    (when the CDI dir watch has seen a change since the last one, or there is no watch).
     """
     try:
         return stamp_of(os.lstat(path))

@@ -88,7 +88,8 @@ class CdiSync:
         # is alive, so they leave its specs alone.
         self.instance = instance
         self.store = SpecStore(self.directory, instance, OwnerLock(self.directory))
-        self.watcher = DirWatcher(self.directory, _relevant, "cdi")
+        # Attribute changes too: a spec's stamp (what Allocate's confirm compares) has its ctime.
+        self.watcher = DirWatcher(self.directory, _relevant, "cdi", attributes=True)
         self._tree: LatestValue[DeviceTree | None] = LatestValue(None)
         self._written: dict[str, WrittenSpec] = {}
         self._failing = ProblemLog()  # resource -> the reason of its last failure
