@@ -104,3 +104,19 @@ def test_the_daemons_cdi_dir_in_the_environment_is_ignored(
         "gpu.intel.com-xe.json",
     ]
     assert not daemons.exists()
+
+
+def test_a_name_someone_else_holds_fails_the_run_before_any_spec_is_written(
+    host: UmockdevHost, short_dir: Path
+) -> None:
+    gpus(host)
+    out = short_dir / "cdi"
+    out.mkdir()
+    foreign = '{"kind":"gpu.intel.com/xe","devices":[]}'
+    (out / "gpu.intel.com-xe.json").write_text(foreign)  # the second spec's name, not ours
+    result = devplug("--output-dir", str(out))
+    assert result.returncode == 1
+    assert "gpu.intel.com-xe.json exists and was not written by devplug" in result.stderr
+    # The first spec (i915, sorted before xe) is not written either: all or none.
+    assert sorted(p.name for p in out.iterdir() if p.name != STATE_DIR) == ["gpu.intel.com-xe.json"]
+    assert (out / "gpu.intel.com-xe.json").read_text() == foreign

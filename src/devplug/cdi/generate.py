@@ -58,14 +58,15 @@ async def write_tree_specs(
     instance's other specs there (resources the host no longer has) whose daemon, if any, is
     gone. Return (written, removed) file names.
 
-    Raises ForeignSpecError / SpecHeldError (devplug.cdi.store) for a name someone else holds.
+    Raises ForeignSpecError / SpecHeldError (devplug.cdi.store) for a name someone else
+    holds, before anything is written.
     """
     store = SpecStore(directory, instance)
     await store.prepare()
-    written = []
-    for name, (resource, spec) in sorted(specs.items()):
-        await store.write(name, resource, spec_json(spec))
-        written.append(name)
+    ordered = sorted(specs.items())
+    # All or none: a name someone else holds fails the run before any spec is written.
+    await store.write_all([(name, resource, spec_json(spec)) for name, (resource, spec) in ordered])
+    written = [name for name, _ in ordered]
     removed = []
     if prune:
         for name in await store.stale_candidates():

@@ -20,6 +20,7 @@ most read for their first few KiB (to recognise an old devplug spec).
 from __future__ import annotations
 
 import errno
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
@@ -135,6 +136,18 @@ class SpecStore:
         check_spec_file_name(file_name)
         async with exclusive(self.directory):
             return await self._write(file_name, resource, data)
+
+    async def write_all(self, specs: Sequence[tuple[str, str, bytes]]) -> list[Written]:
+        """:meth:`write` for several (file name, resource, data) at once: all or none. Every
+        name is checked first, under the dir's mutex held throughout, so a name someone else
+        holds (ForeignSpecError, SpecHeldError) fails the lot before anything is written. (An
+        OSError part-way, e.g. a full disk, still leaves the specs written before it.)"""
+        for file_name, _, _ in specs:
+            check_spec_file_name(file_name)
+        async with exclusive(self.directory):
+            for file_name, _, data in specs:
+                await self._decide(file_name, content_id(data))
+            return [await self._write(name, resource, data) for name, resource, data in specs]
 
     async def _write(self, file_name: str, resource: str, data: bytes) -> Written:
         new_id = content_id(data)
