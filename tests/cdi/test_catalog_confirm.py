@@ -4,6 +4,7 @@ call while nothing watches the CDI dir and none while a watch has seen no change
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -141,3 +142,40 @@ async def test_once_the_watch_ends_every_confirm_stats_again(
     catalog.confirm(RESOURCE)
     catalog.confirm(RESOURCE)
     assert len(lstats) == 3
+
+
+async def test_a_change_no_event_tells_of_is_seen_once_the_lstat_is_old(
+    tmp_path: Path, lstats: list[Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A write through a hard link in another dir raises no event in the CDI dir: the spec's
+    lstat stands only CONFIRM_MAX_AGE_S, after which the change is seen."""
+    cdi_dir, elsewhere = tmp_path / "cdi", tmp_path / "elsewhere"
+    cdi_dir.mkdir()
+    elsewhere.mkdir()
+    monkeypatch.setattr(catalog_module, "CONFIRM_MAX_AGE_S", 0.2)
+    watcher = DirWatcher(cdi_dir, lambda name: name.endswith(".json"), "cdi", attributes=True)
+    task = asyncio.create_task(watcher.run())
+    try:
+        await eventually(lambda: watcher.watching)
+        catalog, stale = catalog_with_spec(cdi_dir)
+        catalog.dir_token = watcher.token
+        os.link(cdi_dir / SPEC, elsewhere / "link.json")
+        entry = catalog.get(RESOURCE)
+        assert entry is not None  # as written: its stamp with the link (ctime, link count)
+        catalog.set(RESOURCE, dataclasses.replace(entry, stamp=file_stamp(cdi_dir / SPEC)))
+        await asyncio.sleep(0.05)  # the events of the write and the link, read by the watch
+        catalog.confirm(RESOURCE)
+        token = watcher.token()
+        link = elsewhere / "link.json"
+        link.write_text(link.read_text() + " ")  # the spec's own inode, changed in place
+        await asyncio.sleep(0.05)
+        catalog.confirm(RESOURCE)
+        assert watcher.token() == token  # no event came...
+        assert catalog.get(RESOURCE) is not None  # ...so within the age, the name stands
+        await asyncio.sleep(0.2)
+        catalog.confirm(RESOURCE)
+        assert catalog.get(RESOURCE) is None and stale == [RESOURCE]
+        assert len(lstats) == 2
+    finally:
+        task.cancel()
+        await asyncio.wait({task})

@@ -6,6 +6,7 @@ devices the spec on disk defines as they are now (:mod:`devplug.cdi.allocate`).
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -16,6 +17,11 @@ from devplug.cdi.stamps import FileStamp, file_stamp
 from devplug.model import DeviceInfo, MapEdit
 
 log = structlog.get_logger("devplug.cdi")
+
+# How long a confirm's lstat stands while the CDI dir watch reports nothing: some changes raise
+# no event in the dir (a mount over it, a write through a hard link elsewhere), and those must
+# not leave a stale name in answers, and its spec unrepaired, for ever.
+CONFIRM_MAX_AGE_S = 1.0
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -70,8 +76,8 @@ class CdiCatalog:
         self.on_stale: Callable[[str], None] | None = None
         # The CDI dir watch's token (DirWatcher.token), once a watch follows the dir.
         self.dir_token: Callable[[], int | None] | None = None
-        # resource -> (its entry, the dir token) when an lstat last found the entry's file.
-        self._confirmed: dict[str, tuple[CdiResource, int]] = {}
+        # resource -> (its entry, the dir token, until when) after an lstat found its file.
+        self._confirmed: dict[str, tuple[CdiResource, int, float]] = {}
 
     def resources(self) -> list[str]:
         """The resources whose spec is on disk (for status and tests)."""
@@ -83,19 +89,27 @@ class CdiCatalog:
 
         An lstat, on the event loop (the CDI dir is a tmpfs, /var/run/cdi, or a local dir: a
         stale name would fail the container), unless the dir watch has seen no change since
-        the last lstat that found the file: then nothing can have happened to it but in the
-        events the event loop has yet to read. (On a just-woken CPU that lstat is a tenth of
-        an Allocate's own time.)
+        an lstat that found the file less than CONFIRM_MAX_AGE_S ago: nothing can have
+        happened to it then but in the events the event loop has yet to read, or in the rare
+        changes no event of the dir tells of. (On a just-woken CPU that lstat is a tenth of an
+        Allocate's own time.)
         """
         entry = self._resources.get(resource)
         if entry is None or entry.path is None:
             return
         token = self.dir_token() if self.dir_token is not None else None
-        if token is not None and self._confirmed.get(resource) == (entry, token):
-            return
+        if token is not None:
+            seen = self._confirmed.get(resource)
+            if (
+                seen is not None
+                and seen[0] is entry
+                and seen[1] == token
+                and time.monotonic() < seen[2]
+            ):
+                return
         if file_stamp(entry.path) == entry.stamp:
             if token is not None:
-                self._confirmed[resource] = (entry, token)
+                self._confirmed[resource] = (entry, token, time.monotonic() + CONFIRM_MAX_AGE_S)
             return
         log.warning("cdi.spec.vanished", resource=resource, file=str(entry.path))
         self.set(resource, None)

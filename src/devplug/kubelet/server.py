@@ -350,7 +350,6 @@ class ResourceServer:
         server, self._grpc = self._grpc, None
         if server is not None:
             await server.stop(None)
-        self.servicer.flush_logs()
 
     async def _close(self) -> None:
         """Stop serving and remove our socket, if it is still ours."""
