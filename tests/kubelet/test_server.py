@@ -468,6 +468,25 @@ async def test_restarts_are_noticed_through_the_dir_watch_not_the_backstop(
             assert set(await session.wait_for_update()) == {"dev0"}
 
 
+async def test_a_chmod_or_chown_of_the_sockets_is_no_kubelet_restart(
+    kubelet: KubeletSimulator, kubelet_dir: Path
+) -> None:
+    """A hardening job that resets modes or owners changes the sockets' ctime, not what they
+    are: no re-registration, no restarted listener (the stat backstop runs every 0.5 s)."""
+    scanner = StaticScanner({SERIAL: devices(1)})
+    with structlog.testing.capture_logs() as logs:
+        async with running_daemon(daemon_settings(kubelet_dir), [scanner]):
+            session = await kubelet.wait_for_plugin(SERIAL)
+            await session.wait_for_update()
+            own_socket = kubelet_dir / "devplug-example.com_serial.sock"
+            for path in (kubelet_dir / "kubelet.sock", own_socket):
+                os.chmod(path, 0o600)
+                os.chown(path, os.getuid(), os.getgid())
+            await asyncio.sleep(1.2)  # over two backstop periods
+    assert [r.accepted for r in kubelet.registrations if r.resource == SERIAL] == [True]
+    assert "kubelet.restart.detected" not in [e["event"] for e in logs]
+
+
 async def test_the_kubelet_dir_removed_and_recreated(kubelet_dir: Path) -> None:
     scanner = StaticScanner({SERIAL: devices(1)})
     async with running_daemon(daemon_settings(kubelet_dir), [scanner], timing=SLOW_BACKSTOP):

@@ -31,10 +31,14 @@ CHECKPOINT_FILE = "kubelet_internal_checkpoint"
 
 @dataclass(frozen=True, slots=True)
 class FileIdentity:
-    """Tells one incarnation of a file from the next, even when the inode number is reused."""
+    """Tells one incarnation of a file from the next, even when the inode number is reused.
+
+    The modification time, set when the socket is bound: a chmod or chown (a hardening job
+    resetting modes) moves the ctime but is no new socket, and must not read as a restart.
+    """
 
     inode: int
-    ctime_ns: int
+    mtime_ns: int
 
     @classmethod
     def of(cls, path: Path) -> FileIdentity | None:
@@ -45,7 +49,7 @@ class FileIdentity:
             return None
         if not stat.S_ISSOCK(st.st_mode):
             return None
-        return cls(st.st_ino, st.st_ctime_ns)
+        return cls(st.st_ino, st.st_mtime_ns)
 
 
 class KubeletDirWatcher(DirWatcher):

@@ -272,7 +272,8 @@ class ResourceServer:
                 os.unlink(temporary)
         self._grpc = server
         self._offered = False
-        # Taken after the temporary name is gone: link and unlink both change the ctime.
+        # Taken once the socket has its name and the temporary one is gone (neither moves the
+        # mtime that FileIdentity uses, so a chmod or a link later does not either).
         self._own = FileIdentity.of(self.socket_path)
         self._log.info("server.listening")
 
