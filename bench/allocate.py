@@ -4,7 +4,9 @@
 callers on one channel (as the kubelet has one connection per plugin), each Allocate asking for
 one random device; ``--callers 1`` is issue 16's single-caller case (goal: p99 <= 1.2x the
 empty floor). Rounds go through every target in turn to spread machine noise; with one
-caller, every call does (so a busy moment on the shared machine hits every target alike).
+caller, every call does, in a random order (so a busy moment on the shared machine hits every
+target alike, and so does work a server leaves for after its answers), or every ``--block``
+calls (so that such work, a log line say, is charged to the server's own calls).
 
 The targets, all driven by the same client through the same kind of socket (see
 bench/floor_server.py), each served by a process of its own (so each one's CPU time per call,
@@ -18,7 +20,8 @@ every thread counted, is printed too), each a step closer to the daemon:
 - devplug: the ``devplug run`` process, through the kubelet simulator's client.
 
     umockdev-wrapper .venv/bin/python -m bench.allocate [--devices 1000] [--callers 50]
-    umockdev-wrapper .venv/bin/python -m bench.allocate --callers 1 --per-caller 200
+    umockdev-wrapper .venv/bin/python -m bench.allocate --callers 1 --per-caller 500
+    umockdev-wrapper .venv/bin/python -m bench.allocate --callers 1 --per-caller 500 --block 50
 """
 
 from __future__ import annotations
@@ -73,16 +76,27 @@ async def drive(call: Call, callers: int, per_caller: int) -> list[float]:
     return samples
 
 
-async def drive_interleaved(calls: Mapping[str, Call], count: int) -> dict[str, list[float]]:
-    """One caller, the targets' calls in turn (the order rotated every call): each target's
-    samples meet the same moments of a shared machine, so its noise is not charged to one."""
+async def drive_interleaved(
+    calls: Mapping[str, Call], count: int, block: int = 1, seed: int = 16
+) -> dict[str, list[float]]:
+    """One caller, ``count`` timed calls per target, in turns of ``block`` calls, the targets
+    in a new random order every round of turns: each target's samples meet the same moments
+    of a shared machine, so its noise is not charged to one, and whatever a server leaves for
+    after its answers lands on every other target alike (a fixed rotation put the empty floor
+    after devplug three times in four). With turns of more than one call, the first call of
+    each turn is not timed: it meets the work the previous target left, and the others then
+    meet only their own server's."""
     samples: dict[str, list[float]] = {name: [] for name in calls}
     order = list(calls.items())
-    for index in range(count):
-        for name, call in order[index % len(order) :] + order[: index % len(order)]:
-            started = time.perf_counter()
-            await call()
-            samples[name].append(time.perf_counter() - started)
+    shuffle = random.Random(seed).sample
+    for turn in range(-(-count // block)):
+        for name, call in shuffle(order, len(order)):
+            if block > 1:
+                await call()
+            for _ in range(min(block, count - turn * block)):
+                started = time.perf_counter()
+                await call()
+                samples[name].append(time.perf_counter() - started)
     return samples
 
 
@@ -155,7 +169,9 @@ def report(
         print(f"per-round devplug/empty {q} ratios: {', '.join(f'{r:.2f}' for r in per_round)}")
 
 
-async def main(devices: int, callers: int, per_caller: int, round_count: int) -> None:
+async def main(
+    devices: int, callers: int, per_caller: int, round_count: int, block: int = 1
+) -> None:
     require_preload()
     with scratch_dir() as scratch:
         built = time.perf_counter()
@@ -234,7 +250,8 @@ async def main(devices: int, callers: int, per_caller: int, round_count: int) ->
                     rounds: dict[str, list[list[float]]] = {name: [] for name in calls}
                     for _ in range(round_count):
                         if callers == 1:
-                            for name, done in (await drive_interleaved(calls, per_caller)).items():
+                            turned = await drive_interleaved(calls, per_caller, block)
+                            for name, done in turned.items():
                                 rounds[name].append(done)
                             continue
                         for name, call in calls.items():
@@ -242,7 +259,10 @@ async def main(devices: int, callers: int, per_caller: int, round_count: int) ->
                     for name, pid in pids.items():
                         cpu[name] += cpu_seconds(pid)
     samples = {name: [s for r in done for s in r] for name, done in rounds.items()}
-    print(f"{callers} caller(s) x {per_caller} calls x {round_count} rounds, {devices} devices")
+    turns = f", turns of {block} calls" if callers == 1 else ""
+    print(
+        f"{callers} caller(s) x {per_caller} calls x {round_count} rounds{turns}, {devices} devices"
+    )
     goal = "p99 <= 1.2x the empty floor" if callers == 1 else "p99 <= 1.5x the empty floor"
     report(samples, rounds, cpu, goal)
 
@@ -397,9 +417,18 @@ if __name__ == "__main__":
     parser.add_argument("--per-caller", type=int, default=20, help="calls per caller per round")
     parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument(
+        "--block",
+        type=int,
+        default=1,
+        help="with one caller: calls per target's turn (longer turns charge a server with "
+        "the work it leaves for after its answers)",
+    )
+    parser.add_argument(
         "--parts-only", action="store_true", help="only one Allocate's parts, in process"
     )
     args = parser.parse_args()
+    if args.block < 1 or (args.block > 1 and args.callers != 1):
+        parser.error("--block takes a count of 1 or more, with --callers 1")
     if not args.parts_only:
-        asyncio.run(main(args.devices, args.callers, args.per_caller, args.rounds))
+        asyncio.run(main(args.devices, args.callers, args.per_caller, args.rounds, args.block))
     parts(args.devices)

@@ -64,6 +64,25 @@ async def watched(tmp_path: Path) -> AsyncIterator[DirWatcher]:
         await asyncio.wait({task})
 
 
+async def events_read(watcher: DirWatcher) -> None:
+    """Return once the watch has read every event so far: inotify keeps their order, so once
+    a marker's event (a dir made: exactly one event) has bumped the token, the earlier ones
+    have too, and none is left to come."""
+    before = watcher.token()
+    os.mkdir(watcher.directory / f"marker-{before}.json")
+    await eventually(lambda: watcher.token() != before, timeout=5)
+
+
+class FakeClock:
+    """The catalog's clock (it reads time.monotonic()), moved by hand."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def monotonic(self) -> float:
+        return self.now
+
+
 def test_without_a_watch_every_confirm_stats_the_file_and_a_deletion_is_seen_at_once(
     tmp_path: Path, lstats: list[Path]
 ) -> None:
@@ -81,7 +100,7 @@ async def test_a_watch_that_saw_no_change_spares_the_lstat(
 ) -> None:
     catalog, stale = catalog_with_spec(tmp_path)
     catalog.dir_token = watched.token
-    await asyncio.sleep(0.05)  # the write's own events, read by the watch
+    await events_read(watched)  # the write's own events
     for _ in range(5):
         catalog.confirm(RESOURCE)
     assert len(lstats) == 1 and catalog.get(RESOURCE) is not None and stale == []
@@ -114,7 +133,7 @@ async def test_any_change_the_watch_sees_makes_the_next_confirm_look_again(
 ) -> None:
     catalog, stale = catalog_with_spec(tmp_path)
     catalog.dir_token = watched.token
-    await asyncio.sleep(0.05)
+    await events_read(watched)
     catalog.confirm(RESOURCE)
     catalog.confirm(RESOURCE)
     assert len(lstats) == 1
@@ -132,7 +151,7 @@ async def test_once_the_watch_ends_every_confirm_stats_again(
     await eventually(lambda: watcher.watching)
     catalog, _ = catalog_with_spec(tmp_path)
     catalog.dir_token = watcher.token
-    await asyncio.sleep(0.05)
+    await events_read(watcher)
     catalog.confirm(RESOURCE)
     catalog.confirm(RESOURCE)
     assert len(lstats) == 1
@@ -152,7 +171,8 @@ async def test_a_change_no_event_tells_of_is_seen_once_the_lstat_is_old(
     cdi_dir, elsewhere = tmp_path / "cdi", tmp_path / "elsewhere"
     cdi_dir.mkdir()
     elsewhere.mkdir()
-    monkeypatch.setattr(catalog_module, "CONFIRM_MAX_AGE_S", 0.2)
+    clock = FakeClock()
+    monkeypatch.setattr(catalog_module, "time", clock)
     watcher = DirWatcher(cdi_dir, lambda name: name.endswith(".json"), "cdi", attributes=True)
     task = asyncio.create_task(watcher.run())
     try:
@@ -163,17 +183,19 @@ async def test_a_change_no_event_tells_of_is_seen_once_the_lstat_is_old(
         entry = catalog.get(RESOURCE)
         assert entry is not None  # as written: its stamp with the link (ctime, link count)
         catalog.set(RESOURCE, dataclasses.replace(entry, stamp=file_stamp(cdi_dir / SPEC)))
-        await asyncio.sleep(0.05)  # the events of the write and the link, read by the watch
-        catalog.confirm(RESOURCE)
+        await events_read(watcher)  # the write's and the link's
         token = watcher.token()
+        catalog.confirm(RESOURCE)
         link = elsewhere / "link.json"
         link.write_text(link.read_text() + " ")  # the spec's own inode, changed in place
-        await asyncio.sleep(0.05)
+        clock.now += catalog_module.CONFIRM_MAX_AGE_S - 0.01
         catalog.confirm(RESOURCE)
-        assert watcher.token() == token  # no event came...
-        assert catalog.get(RESOURCE) is not None  # ...so within the age, the name stands
-        await asyncio.sleep(0.2)
+        assert catalog.get(RESOURCE) is not None  # within the age, the name stands
+        clock.now += 0.02
         catalog.confirm(RESOURCE)
+        # No event came (none is due: the write went through another dir), so the age alone
+        # made it look again.
+        assert watcher.token() == token
         assert catalog.get(RESOURCE) is None and stale == [RESOURCE]
         assert len(lstats) == 2
     finally:

@@ -75,9 +75,19 @@ class CdiCatalog:
         # Called when Allocate finds a spec gone or replaced behind devplug's back.
         self.on_stale: Callable[[str], None] | None = None
         # The CDI dir watch's token (DirWatcher.token), once a watch follows the dir.
-        self.dir_token: Callable[[], int | None] | None = None
+        self._dir_token: Callable[[], int | None] | None = None
         # resource -> (its entry, the dir token, until when) after an lstat found its file.
         self._confirmed: dict[str, tuple[CdiResource, int, float]] = {}
+
+    @property
+    def dir_token(self) -> Callable[[], int | None] | None:
+        return self._dir_token
+
+    @dir_token.setter
+    def dir_token(self, token: Callable[[], int | None] | None) -> None:
+        # Another watch counts from its own start: no confirmation made under one stands.
+        self._dir_token = token
+        self._confirmed.clear()
 
     def resources(self) -> list[str]:
         """The resources whose spec is on disk (for status and tests)."""
@@ -97,7 +107,7 @@ class CdiCatalog:
         entry = self._resources.get(resource)
         if entry is None or entry.path is None:
             return
-        token = self.dir_token() if self.dir_token is not None else None
+        token = self._dir_token() if self._dir_token is not None else None
         if token is not None:
             seen = self._confirmed.get(resource)
             if (

@@ -29,7 +29,8 @@ def file_stamp(path: Path) -> FileStamp | None:
     """The stamp of ``path`` (not followed through a symlink), None if it is missing.
 
     Synchronous on purpose: Allocate confirms its spec with this lstat on the event loop
-    (when the CDI dir watch has seen a change since the last one, or there is no watch).
+    (when the CDI dir watch has seen a change since the last one, when that one is 1 s old,
+    or when there is no watch: see CdiCatalog.confirm).
     """
     try:
         return stamp_of(os.lstat(path))
