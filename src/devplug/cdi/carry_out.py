@@ -8,7 +8,8 @@ before each slice and each spec's file work the pass awaits ``pause`` (the sync'
 hotplug path is quiet, or QUIET_WAIT_MAX_S at most). A uevent that arrives while a pass
 runs therefore waits for the rest of one slice at most, and its scan and publish (a few
 milliseconds) do not share the interpreter with CDI work; only a hotplug path busy for
-longer (a full scan of a big host, a storm of uevents) lets one slice in per QUIET_WAIT_MAX_S.
+longer than QUIET_WAIT_MAX_S (a full scan of a big host, a storm of uevents) lets slices in,
+one per STORM_WAIT_S until it is quiet again.
 """
 
 from __future__ import annotations

@@ -11,7 +11,8 @@ tree it follows was handed over, renders on the event loop in slices (a first re
 10,000 devices is ~0.3 s of CPU), and before each slice and each spec's file work it awaits
 ``quiet`` (the daemon passes the scan loop's: no event, scan or publish under way), for
 QUIET_WAIT_MAX_S at most. A pass that meets a uevent is paused until that event's list has
-been published, and resumes then; a storm of uevents slows it but cannot stop it.
+been published, and resumes then; a storm of uevents slows it (one slice per STORM_WAIT_S
+once a wait has run out) but cannot stop it.
 
 The CDI dir is shared (:mod:`devplug.cdi.store` has the rules): files of other writers are
 never touched, and a spec another running devplug serves is left to it until it stops. One
@@ -59,11 +60,15 @@ SETTLE_S = 0.02
 RETRY_MAX_S = 60.0
 # How often the lock of a daemon holding one of our specs is probed (one open and flock).
 HELD_RECHECK_S = 0.5
-# The longest a slice waits for the hotplug path's quiet. Under a storm of uevents that never
-# lets the scan loop park, CDI still gets one slice (SLICE_S) per this much, so the specs do
-# catch up; a full scan (0.4 s at 1,000 GPUs) or a reload rarely lasts long enough to meet a
-# slice, and an event's scan and publish (~5 ms) never do.
+# The longest a slice waits for the hotplug path's quiet: a full scan (0.4 s at 1,000 GPUs)
+# or a reload rarely lasts long enough to meet a slice, and an event's scan and publish
+# (~5 ms) never do.
 QUIET_WAIT_MAX_S = 0.5
+# Once a wait has run out (a storm of uevents that never lets the scan loop park, a scan of a
+# very big host), the next ones wait this long at most, until the hotplug path is seen quiet
+# again: CDI then has one slice (SLICE_S) per this much, ~5 % of the loop, and a first render
+# of 10,000 devices (~300 slices) reaches disk in seconds rather than minutes.
+STORM_WAIT_S = 0.02
 
 
 def _relevant(name: str) -> bool:
@@ -106,6 +111,8 @@ class CdiSync:
         self._on_change = on_change
         # Returns once the hotplug path is quiet; awaited before each slice of a pass.
         self._quiet = quiet
+        # The last wait for quiet ran out: the hotplug path has been busy for a while.
+        self._storm = False
         self._stopping = False
 
     def submit(self, tree: DeviceTree) -> None:
@@ -126,15 +133,18 @@ class CdiSync:
 
     async def _pause(self) -> None:
         """Between slices of a pass: let the loop run what is ready (a uevent's read), then
-        wait while the hotplug path is busy (QUIET_WAIT_MAX_S at most). Raises PassAbandoned
-        once stopping."""
+        wait while the hotplug path is busy (QUIET_WAIT_MAX_S at most, then STORM_WAIT_S
+        while it stays busy). Raises PassAbandoned once stopping."""
         await yield_to_loop()
         if self._stopping:
             raise PassAbandoned
         if self._quiet is not None:
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(QUIET_WAIT_MAX_S):
+            try:
+                async with asyncio.timeout(STORM_WAIT_S if self._storm else QUIET_WAIT_MAX_S):
                     await self._quiet()
+                self._storm = False
+            except TimeoutError:
+                self._storm = True
         else:
             # Nobody says when the hotplug path is busy: leave the loop idle as long as a slice
             # lasts, so that a scan's worker thread gets the interpreter at once.
