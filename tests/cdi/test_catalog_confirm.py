@@ -73,6 +73,19 @@ async def events_read(watcher: DirWatcher) -> None:
     await eventually(lambda: watcher.token() != before, timeout=5)
 
 
+async def confirmed_while_watched(
+    directory: Path, watcher: DirWatcher, lstats: list[Path]
+) -> tuple[CdiCatalog, list[str]]:
+    """catalog_with_spec's catalog, following ``watcher``, its spec confirmed twice: one lstat."""
+    catalog, stale = catalog_with_spec(directory)
+    catalog.dir_token = watcher.token
+    await events_read(watcher)
+    catalog.confirm(RESOURCE)
+    catalog.confirm(RESOURCE)
+    assert len(lstats) == 1
+    return catalog, stale
+
+
 class FakeClock:
     """The catalog's clock (it reads time.monotonic()), moved by hand."""
 
@@ -131,12 +144,7 @@ async def spec_change_seen(watcher: DirWatcher, change: Callable[[], object]) ->
 async def test_any_change_the_watch_sees_makes_the_next_confirm_look_again(
     tmp_path: Path, lstats: list[Path], watched: DirWatcher, change: Callable[[Path], object]
 ) -> None:
-    catalog, stale = catalog_with_spec(tmp_path)
-    catalog.dir_token = watched.token
-    await events_read(watched)
-    catalog.confirm(RESOURCE)
-    catalog.confirm(RESOURCE)
-    assert len(lstats) == 1
+    catalog, stale = await confirmed_while_watched(tmp_path, watched, lstats)
     await spec_change_seen(watched, lambda: change(tmp_path / SPEC))
     catalog.confirm(RESOURCE)
     assert len(lstats) == 2
@@ -149,12 +157,7 @@ async def test_once_the_watch_ends_every_confirm_stats_again(
     watcher = DirWatcher(tmp_path, lambda name: name.endswith(".json"), "cdi", attributes=True)
     task = asyncio.create_task(watcher.run())
     await eventually(lambda: watcher.watching)
-    catalog, _ = catalog_with_spec(tmp_path)
-    catalog.dir_token = watcher.token
-    await events_read(watcher)
-    catalog.confirm(RESOURCE)
-    catalog.confirm(RESOURCE)
-    assert len(lstats) == 1
+    catalog, _ = await confirmed_while_watched(tmp_path, watcher, lstats)
     task.cancel()
     await asyncio.wait({task})
     assert watcher.token() is None

@@ -529,29 +529,18 @@ async def test_a_failing_allocate_hook_is_internal_and_the_server_keeps_serving(
 async def test_each_allocate_is_logged_with_its_ids(
     kubelet: KubeletSimulator, kubelet_dir: Path
 ) -> None:
-    watcher = KubeletDirWatcher(kubelet_dir)
-    watching = asyncio.create_task(watcher.run())
-    server = ResourceServer(
-        SERIAL, devices(2), None, kubelet_dir=kubelet_dir, watcher=watcher, timing=FAST_TIMING
-    )
-    task = asyncio.create_task(server.run())
-    try:
-        with structlog.testing.capture_logs() as logs:
+    with structlog.testing.capture_logs() as logs:
+        async with running_daemon(
+            daemon_settings(kubelet_dir), [StaticScanner({SERIAL: devices(2)})]
+        ):
             session = await kubelet.wait_for_plugin(SERIAL)
+            await session.wait_for_update()
             await session.allocate(["dev0"])
             await session.allocate(["dev1"])
             with pytest.raises(SimulatorRpcError):
                 await session.allocate(["nope"])
-            task.cancel()
-            await asyncio.wait({task})
-        lines = [e for e in logs if e["event"] == "allocate.complete"]
-        assert [(e["devices"], e["resource"], e["log_level"]) for e in lines] == [
-            ([["dev0"]], SERIAL, "info"),
-            ([["dev1"]], SERIAL, "info"),
-        ]
-    finally:
-        watching.cancel()
-        await asyncio.wait({watching})
-        if not task.done():
-            task.cancel()
-            await asyncio.wait({task})
+    lines = [e for e in logs if e["event"] == "allocate.complete"]
+    assert [(e["devices"], e["resource"], e["log_level"]) for e in lines] == [
+        ([["dev0"]], SERIAL, "info"),
+        ([["dev1"]], SERIAL, "info"),
+    ]
