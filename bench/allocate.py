@@ -355,7 +355,7 @@ def parts_table(
     response: pb.AllocateResponse,
 ) -> dict[str, float]:
     from devplug.kubelet.allocation import check_request, check_size, default_allocation
-    from devplug.kubelet.servicer import _allocate_request
+    from devplug.kubelet.handlers import allocate_request
     from devplug.kubelet.wire import allocate_response, container_response
 
     extension = servicer.extension
@@ -371,7 +371,7 @@ def parts_table(
             started = time.perf_counter()
             for _ in range(count):
                 if fresh:
-                    servicer._answers.clear()
+                    servicer.answer_cache.entries.clear()
                 await servicer.Allocate((raw, message), context)  # never suspends: no turn
             elapsed = (time.perf_counter() - started) / count
             await asyncio.sleep(0)  # the log lines, after the timing
@@ -386,10 +386,12 @@ def parts_table(
 
     try:
         return {
-            "request parse (with its bytes)": timed(lambda: _allocate_request(raw)),
+            "request parse (with its bytes)": timed(lambda: allocate_request(raw)),
             "CDI spec confirm, dir not watched (lstat)": timed(lambda: extension.confirm(CDI_KIND)),
             "CDI spec confirm, watch saw no change": confirm_watched(extension),
-            "hit: cache lookup": timed(lambda: servicer._cached_answer(raw, tree)),
+            "hit: cache lookup": timed(
+                lambda: servicer.answer_cache.lookup(raw, tree, extension.generation)
+            ),
             "miss: id checks": timed(checks),
             "miss: default answer": timed(lambda: default_allocation(ids, tree)),
             "miss: CDI names": timed(lambda: extension.extend(CDI_KIND, ids, plain, tree)),

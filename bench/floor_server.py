@@ -11,7 +11,7 @@ in a process of its own, so that each one's CPU time is its own):
   node, 96 bytes for one), built with protobuf on every call: the response-size part of the
   gap, with no devplug code at all.
 - ``v1beta1.DevicePlugin/Allocate``, with ``--devices N``: devplug's own servicer (registered
-  as the daemon registers it, :func:`~devplug.kubelet.servicer.add_to_server`) over N render
+  as the daemon registers it, :func:`~devplug.kubelet.handlers.add_to_server`) over N render
   nodes like the bench daemon's, without the daemon around it (no metrics, no CDI names, logs
   at warning): what is left between this and the daemon is the process (logging, metrics, the
   rest of its loop). Without ``--devices`` the process stays bare (no devplug imports, no
@@ -86,7 +86,8 @@ def add_servicer(server: grpc.aio.Server, devices: int) -> None:
     """devplug's servicer over ``devices`` render nodes."""
     from devplug import logconfig
     from devplug._kits.values import LatestValue
-    from devplug.kubelet.servicer import DevicePluginServicer, add_to_server
+    from devplug.kubelet.handlers import add_to_server
+    from devplug.kubelet.servicer import DevicePluginServicer
 
     # Logs on stderr, and only problems: stdout is the "ready" pipe nobody drains after.
     logconfig.configure("json", "warning")

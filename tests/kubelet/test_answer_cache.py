@@ -21,7 +21,8 @@ from devplug._proto import deviceplugin_v1beta1_pb2 as pb
 from devplug._proto import deviceplugin_v1beta1_pb2_grpc as pb_grpc
 from devplug.errors import AllocationError
 from devplug.kubelet.allocation import check_request, check_size, default_allocation
-from devplug.kubelet.servicer import DevicePluginServicer, add_to_server
+from devplug.kubelet.handlers import add_to_server
+from devplug.kubelet.servicer import DevicePluginServicer
 from devplug.kubelet.wire import container_response
 from devplug.model import ContainerAllocation, DeviceInfo, DeviceMap, DeviceNode, Health
 from devplug.testing.harness import StaticScanner, daemon_settings, running_daemon
@@ -223,6 +224,6 @@ async def test_random_walk_of_trees_generations_and_requests(
                 for _ in range(rng.choice([1, 1, 1, 2]))
             ]
         )
-        hits += roll >= 0.08 and request.SerializeToString() in servicer._answers
+        hits += roll >= 0.08 and request.SerializeToString() in servicer.answer_cache.entries
         assert await answer(stub, request) == expected(servicer, request), f"step {step}"
     assert hits > 60, f"the walk must exercise the cache: {hits} hits"

@@ -25,12 +25,9 @@ from devplug._proto import deviceplugin_v1beta1_pb2 as pb
 from devplug._proto import deviceplugin_v1beta1_pb2_grpc as pb_grpc
 from devplug.daemon import Daemon
 from devplug.kubelet.allocation import default_preferred
+from devplug.kubelet.answers import MAX_CACHED_ANSWER_BYTES
 from devplug.kubelet.server import socket_path_for
-from devplug.kubelet.servicer import (
-    MAX_CACHED_ANSWER_BYTES,
-    MAX_STREAMS,
-    DevicePluginServicer,
-)
+from devplug.kubelet.servicer import MAX_STREAMS, DevicePluginServicer
 from devplug.model import DeviceInfo, DeviceNode
 from devplug.testing import KubeletSimulator, StaticScanner, daemon_settings, running_daemon
 
@@ -86,7 +83,7 @@ async def test_the_answer_cache_is_bounded_by_bytes(
             )
             answer = await stub.Allocate(request)
             assert len(answer.container_responses[0].envs) == len(ids)
-        cached = servicer(daemon)._answers
+        cached = servicer(daemon).answer_cache.entries
         assert sum(len(k) + len(a.encoded) for k, a in cached.items()) <= MAX_CACHED_ANSWER_BYTES
         assert len(cached) > 1, "answers are still cached up to the limit"
 

@@ -33,6 +33,7 @@ from devplug._kits.backoff import Backoff
 from devplug._kits.problems import ProblemLog
 from devplug._kits.values import LatestValue
 from devplug.errors import ConfigError
+from devplug.kubelet.handlers import add_to_server
 from devplug.kubelet.registration import (
     KUBELET_SOCKET,
     FileIdentity,
@@ -41,7 +42,7 @@ from devplug.kubelet.registration import (
     register,
 )
 from devplug.kubelet.seams import AnswerExtension, NoServingEvents, ServingEvents
-from devplug.kubelet.servicer import DevicePluginServicer, add_to_server
+from devplug.kubelet.servicer import DevicePluginServicer
 from devplug.model import DeviceInfo, MapEdit
 from devplug.naming import MAX_UNIX_SOCKET_PATH, short_socket_file_name, socket_file_name
 

@@ -21,7 +21,7 @@ import asyncio
 import contextlib
 import inspect
 from collections.abc import AsyncIterator, Awaitable, Sequence
-from typing import Any, NamedTuple, NoReturn, TypeVar
+from typing import Any, NoReturn, TypeVar
 
 import grpc
 import structlog
@@ -36,6 +36,7 @@ from devplug.kubelet.allocation import (
     default_allocation,
     default_preferred,
 )
+from devplug.kubelet.answers import Answer, AnswerCache, loggable
 from devplug.kubelet.seams import AnswerExtension, NoServingEvents, ServingEvents
 from devplug.kubelet.wire import ListMessageBuilder, allocate_response
 from devplug.model import ContainerAllocation, DeviceMap, MapEdit
@@ -51,11 +52,6 @@ SERVICE = "v1beta1.DevicePlugin"
 _STATUS = {"not_found": grpc.StatusCode.NOT_FOUND, "invalid": grpc.StatusCode.INVALID_ARGUMENT}
 
 
-# Bounds the default-answer cache: a node has at most a few thousand distinct id lists in use,
-# and their answers a few hundred bytes each; one cache fills at 4,096 answers or 4 MiB.
-MAX_CACHED_ANSWERS = 4096
-MAX_CACHED_ANSWER_BYTES = 4 * 1024 * 1024
-MAX_LOGGED_IDS = 32
 # ListAndWatch streams one server keeps open at once: the kubelet opens one per registration;
 # the margin covers a restarting kubelet's old stream and a debugging client.
 MAX_STREAMS = 4
@@ -68,21 +64,6 @@ async def _resolve(value: T | Awaitable[T]) -> T:
     if inspect.isawaitable(value):
         return await value
     return value
-
-
-def _loggable(requests: Sequence[Sequence[str]]) -> object:
-    """The requested ids for a log line, summarised when a request is unusually large."""
-    total = sum(len(ids) for ids in requests)
-    if total <= MAX_LOGGED_IDS:
-        return requests
-    return f"{total} ids in {len(requests)} containers"
-
-
-class _Answer(NamedTuple):
-    """An Allocate answer as sent (an encoded AllocateResponse) and its ids as logged."""
-
-    encoded: bytes
-    logged: object
 
 
 def plugin_options(hooks: object | None) -> pb.DevicePluginOptions:
@@ -98,8 +79,9 @@ def plugin_options(hooks: object | None) -> pb.DevicePluginOptions:
 
 
 class DevicePluginServicer:
-    """The DevicePlugin service (served by :func:`add_to_server`, not by the generated
-    ``add_DevicePluginServicer_to_server``: ListAndWatch yields encoded messages)."""
+    """The DevicePlugin service (served by :func:`devplug.kubelet.handlers.add_to_server`,
+    not by the generated ``add_DevicePluginServicer_to_server``: ListAndWatch yields encoded
+    messages)."""
 
     def __init__(
         self,
@@ -113,11 +95,8 @@ class DevicePluginServicer:
         self.extension = extension
         self.events = events if events is not None else NoServingEvents()
         self.devices = devices
+        self.answer_cache = AnswerCache()  # default answers, encoded, per request
         self.bind(hooks)
-        # Default answers, encoded, per request (its bytes), valid for one device snapshot and
-        # extension state (cleared when either changes), and their size with their keys in all.
-        self._answers: dict[bytes, _Answer] = {}
-        self._answer_bytes = 0
         self.refused_streams = 0
         self._stream_cap = ProblemLog()
         self._off_loop = asyncio.Semaphore(1)
@@ -130,9 +109,6 @@ class DevicePluginServicer:
         self.idle.set()
         self._log = log.bind(resource=resource)
 
-    # (device snapshot, extension generation) the cached answers were made under.
-    _answers_for: tuple[DeviceMap, int] | None = None
-
     def bind(self, hooks: object | None) -> None:
         """Serve with ``hooks`` (the resource's scanner) from now on: at start, and when a
         reload replaces the scanner."""
@@ -143,7 +119,7 @@ class DevicePluginServicer:
         self._post_allocator = hooks if isinstance(hooks, PostAllocator) else None
         self._preferred_allocator = hooks if isinstance(hooks, PreferredAllocator) else None
         self._pre_starter = hooks if isinstance(hooks, ContainerPreStarter) else None
-        self._answers_for = None  # cached default answers were made under the old hooks
+        self.answer_cache.invalidate()  # cached default answers were made under the old hooks
 
     async def GetDevicePluginOptions(
         self, request: pb.Empty, context: grpc.aio.ServicerContext[pb.Empty, pb.DevicePluginOptions]
@@ -210,17 +186,18 @@ class DevicePluginServicer:
         request: tuple[bytes, pb.AllocateRequest],
         context: grpc.aio.ServicerContext[tuple[bytes, pb.AllocateRequest], bytes],
     ) -> bytes:
-        """An encoded AllocateResponse (sent as it is: see add_to_server). The request comes
-        with its own bytes (:func:`_allocate_request`): a request seen before under the same
-        snapshot, extension state and hooks is answered from the encoded-answer cache, with
-        nothing parsed into lists, checked or built again."""
+        """An encoded AllocateResponse (sent as it is: see devplug.kubelet.handlers). The
+        request comes with its own bytes: a request seen before under the same snapshot,
+        extension state and hooks is answered from the encoded-answer cache, with nothing
+        parsed into lists, checked or built again."""
         raw, message = request
         devices = self.devices.value
         # A try block, not _answering: an async context manager costs microseconds per call.
         try:
             if self.extension is not None:
                 self.extension.confirm(self.resource)  # e.g. never name a CDI spec that is gone
-            answer = self._cached_answer(raw, devices)
+            generation = self.extension.generation if self.extension is not None else 0
+            answer = self.answer_cache.lookup(raw, devices, generation)
             if answer is None:
                 answer = await self._answer(raw, message, devices)
         except AllocationError as exc:
@@ -237,38 +214,19 @@ class DevicePluginServicer:
     def _allocated(self, logged: object) -> None:
         self._log.info("allocate.complete", devices=logged)
 
-    def _cached_answer(self, raw: bytes, devices: DeviceMap) -> _Answer | None:
-        """The cached answer to the request encoded as ``raw``, valid for ``devices`` and the
-        extension's state (which CDI specs are on disk); the cache empties when either changes
-        (and when hooks are bound: see bind)."""
-        generation = self.extension.generation if self.extension is not None else 0
-        state = self._answers_for
-        if state is None or state[0] is not devices or state[1] != generation:
-            self._answers.clear()
-            self._answer_bytes = 0
-            self._answers_for = (devices, generation)
-            return None
-        return self._answers.get(raw)
-
-    async def _answer(self, raw: bytes, message: pb.AllocateRequest, devices: DeviceMap) -> _Answer:
+    async def _answer(self, raw: bytes, message: pb.AllocateRequest, devices: DeviceMap) -> Answer:
         # Counted on the message, before any list is built for it.
         check_size(self.resource, [c.devices_ids for c in message.container_requests], devices)
         requests = [list(c.devices_ids) for c in message.container_requests]
         check_request(self.resource, requests, devices)
-        state = self._answers_for
-        answer = _Answer(
-            allocate_response(await self._allocate(requests, devices)), _loggable(requests)
+        state = self.answer_cache.state
+        answer = Answer(
+            allocate_response(await self._allocate(requests, devices)), loggable(requests)
         )
         # Only the default answers are kept (a hook's may depend on more than the request),
         # and only while the state they were made under holds.
-        if self._allocator is None and self._post_allocator is None and state is self._answers_for:
-            size = len(raw) + len(answer.encoded)
-            if (
-                len(self._answers) < MAX_CACHED_ANSWERS
-                and self._answer_bytes + size <= MAX_CACHED_ANSWER_BYTES
-            ):
-                self._answers[raw] = answer
-                self._answer_bytes += size
+        if self._allocator is None and self._post_allocator is None:
+            self.answer_cache.keep(raw, answer, state)
         return answer
 
     async def _allocate(
@@ -406,53 +364,6 @@ class DevicePluginServicer:
     def _count(self, rpc: str, result: str) -> None:
         if rpc == "allocate":
             self.events.allocated(self.resource, result)
-
-
-def _as_they_are(message: bytes) -> bytes:
-    """ListAndWatch's and Allocate's response serializer: the servicer's messages are encoded."""
-    return message
-
-
-def _allocate_request(raw: bytes) -> tuple[bytes, pb.AllocateRequest]:
-    """Allocate's request deserializer: the message with its bytes (the answer cache's key).
-    Bytes that do not parse raise here, in gRPC's deserializer, as with any other RPC."""
-    return raw, pb.AllocateRequest.FromString(raw)
-
-
-def add_to_server(servicer: DevicePluginServicer, server: grpc.aio.Server) -> None:
-    """Serve ``servicer`` on ``server``: the generated registration, except that
-    ListAndWatch's and Allocate's messages are bytes already (protobuf's encoding of a
-    ListAndWatchResponse or an AllocateResponse, which clients decode as usual), and Allocate's
-    request keeps its bytes beside the message."""
-    handlers = {
-        "GetDevicePluginOptions": grpc.unary_unary_rpc_method_handler(
-            servicer.GetDevicePluginOptions,
-            request_deserializer=pb.Empty.FromString,
-            response_serializer=pb.DevicePluginOptions.SerializeToString,
-        ),
-        "ListAndWatch": grpc.unary_stream_rpc_method_handler(
-            servicer.ListAndWatch,
-            request_deserializer=pb.Empty.FromString,
-            response_serializer=_as_they_are,
-        ),
-        "GetPreferredAllocation": grpc.unary_unary_rpc_method_handler(
-            servicer.GetPreferredAllocation,
-            request_deserializer=pb.PreferredAllocationRequest.FromString,
-            response_serializer=pb.PreferredAllocationResponse.SerializeToString,
-        ),
-        "Allocate": grpc.unary_unary_rpc_method_handler(
-            servicer.Allocate,
-            request_deserializer=_allocate_request,
-            response_serializer=_as_they_are,
-        ),
-        "PreStartContainer": grpc.unary_unary_rpc_method_handler(
-            servicer.PreStartContainer,
-            request_deserializer=pb.PreStartContainerRequest.FromString,
-            response_serializer=pb.PreStartContainerResponse.SerializeToString,
-        ),
-    }
-    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, handlers),))
-    server.add_registered_method_handlers(SERVICE, handlers)  # type: ignore[attr-defined]
 
 
 def advertised_only(ids: Sequence[str], devices: DeviceMap) -> list[str]:
