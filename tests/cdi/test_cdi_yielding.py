@@ -4,9 +4,10 @@ whole render, and a sync that waits for the hotplug path's quiet before each sli
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import posixpath
 import random
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -158,13 +159,26 @@ class Gate:
         await self.open.wait()
 
 
+@contextlib.asynccontextmanager
+async def running_sync(
+    cdi_dir: Path, catalog: CdiCatalog, quiet: Gate | None = None
+) -> AsyncIterator[CdiSync]:
+    """A CdiSync task on ``cdi_dir``, cancelled and closed (its specs removed) on exit."""
+    sync = CdiSync(CdiSettings(dir=cdi_dir), catalog, "test", quiet=quiet)
+    task = asyncio.create_task(sync.run())
+    try:
+        yield sync
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        await sync.close()
+
+
 async def test_a_pass_waits_for_the_hotplug_path_and_renders_in_slices(tmp_path: Path) -> None:
     cdi_dir = tmp_path / "cdi"
     gate = Gate()
     catalog = CdiCatalog()
-    sync = CdiSync(CdiSettings(dir=cdi_dir), catalog, "test", quiet=gate)
-    task = asyncio.create_task(sync.run())
-    try:
+    async with running_sync(cdi_dir, catalog, gate) as sync:
         gate.open.clear()  # a hotplug pass is under way
         sync.submit(DeviceTree({RESOURCE: {f"dev{i}": device(i) for i in range(3000)}}))
         await asyncio.sleep(0.3)
@@ -177,10 +191,6 @@ async def test_a_pass_waits_for_the_hotplug_path_and_renders_in_slices(tmp_path:
         assert (cdi_dir / SPEC_FILE).exists()
         # 3,000 devices are more than one slice's work: the gate was asked between slices.
         assert gate.waits > 3
-    finally:
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
-        await sync.close()
 
 
 async def test_a_pass_ends_under_a_storm_with_a_slice_every_storm_wait(
@@ -196,9 +206,7 @@ async def test_a_pass_ends_under_a_storm_with_a_slice_every_storm_wait(
     gate = Gate()
     gate.open.clear()  # never quiet
     catalog = CdiCatalog()
-    sync = CdiSync(CdiSettings(dir=cdi_dir), catalog, "test", quiet=gate)
-    task = asyncio.create_task(sync.run())
-    try:
+    async with running_sync(cdi_dir, catalog, gate) as sync:
         sync.submit(DeviceTree({RESOURCE: {f"dev{i}": device(i) for i in range(10_000)}}))
         await eventually(lambda: catalog.get(RESOURCE) is not None, timeout=30)
         assert (cdi_dir / SPEC_FILE).exists()
@@ -213,10 +221,6 @@ async def test_a_pass_ends_under_a_storm_with_a_slice_every_storm_wait(
 
         await eventually(lambda: names() == 3, timeout=10)
         assert not sync._storm
-    finally:
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
-        await sync.close()
 
 
 async def test_a_renderer_bug_costs_its_resource_only_and_what_was_written_is_recorded(
@@ -235,16 +239,10 @@ async def test_a_renderer_bug_costs_its_resource_only_and_what_was_written_is_re
 
     monkeypatch.setattr(SpecRenderer, "render_steps", steps)
     catalog = CdiCatalog()
-    sync = CdiSync(CdiSettings(dir=cdi_dir), catalog, "test")
-    task = asyncio.create_task(sync.run())
-    try:
+    async with running_sync(cdi_dir, catalog) as sync:
         sync.submit(DeviceTree({RESOURCE: {"dev0": device(0)}, broken: {"d": device(1)}}))
         await eventually(lambda: catalog.get(RESOURCE) is not None, timeout=10)
         assert catalog.get(broken) is None
-    finally:
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
-        await sync.close()
     assert sorted(p.name for p in cdi_dir.glob("*.json")) == []
 
 
@@ -253,9 +251,7 @@ async def test_no_pass_starts_after_stop(tmp_path: Path) -> None:
     catalog and the files stay as they were until close()."""
     cdi_dir = tmp_path / "cdi"
     catalog = CdiCatalog()
-    sync = CdiSync(CdiSettings(dir=cdi_dir), catalog, "test")
-    task = asyncio.create_task(sync.run())
-    try:
+    async with running_sync(cdi_dir, catalog) as sync:
         sync.submit(DeviceTree({RESOURCE: {f"dev{i}": device(i) for i in range(3)}}))
         await eventually(lambda: catalog.get(RESOURCE) is not None, timeout=10)
         sync.stop()
@@ -263,7 +259,3 @@ async def test_no_pass_starts_after_stop(tmp_path: Path) -> None:
         await asyncio.sleep(0.2)  # a pass would settle 20 ms, then plan and drop the entry
         assert catalog.get(RESOURCE) is not None
         assert (cdi_dir / SPEC_FILE).exists()
-    finally:
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
-        await sync.close()
