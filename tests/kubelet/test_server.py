@@ -15,6 +15,7 @@ import pytest
 import structlog
 
 from devplug.errors import AllocationError
+from devplug.kubelet import answer_log
 from devplug.kubelet.registration import FileIdentity, KubeletDirWatcher
 from devplug.kubelet.server import ResourceServer
 from devplug.model import (
@@ -544,3 +545,31 @@ async def test_each_allocate_is_logged_with_its_ids(
         ([["dev0"]], SERIAL, "info"),
         ([["dev1"]], SERIAL, "info"),
     ]
+
+
+async def test_an_allocate_line_waits_for_its_delay_or_the_next_answer_and_none_is_lost_at_stop(
+    kubelet: KubeletSimulator, kubelet_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A delay no test outlives: a line can only come with the next answer or at stop.
+    monkeypatch.setattr(answer_log, "DELAY_S", 3600.0)
+
+    def written() -> list[object]:
+        return [e["devices"] for e in logs if e["event"] == "allocate.complete"]
+
+    with structlog.testing.capture_logs() as logs:
+        async with running_daemon(
+            daemon_settings(kubelet_dir), [StaticScanner({SERIAL: devices(2)})]
+        ):
+            session = await kubelet.wait_for_plugin(SERIAL)
+            await session.wait_for_update()
+            await session.allocate(["dev0"])
+            await asyncio.sleep(0.05)  # many loop turns: a line written at once would be here
+            assert written() == []
+            await session.allocate(["dev1"], ["dev0"])
+            await asyncio.sleep(0.05)
+            assert written() == [[["dev0"]]]  # with the next answer; that one's line waits
+    assert written() == [[["dev0"]], [["dev1"], ["dev0"]]]
+    events = [e["event"] for e in logs]
+    assert events.index("server.stopped") > len(events) - 1 - events[::-1].index(
+        "allocate.complete"
+    )

@@ -357,7 +357,10 @@ class ResourceServer:
         """Stop serving and remove our socket, if it is still ours."""
         self._set_unregistered()
         own = self._own
-        await self._stop_grpc()
+        try:
+            await self._stop_grpc()
+        finally:
+            self.servicer.answer_log.flush()  # after the last Allocate gRPC serves
         if own is not None and FileIdentity.of(self.socket_path) == own:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(self.socket_path)

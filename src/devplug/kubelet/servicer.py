@@ -36,6 +36,7 @@ from devplug.kubelet.allocation import (
     default_allocation,
     default_preferred,
 )
+from devplug.kubelet.answer_log import AnswerLog
 from devplug.kubelet.answers import Answer, AnswerCache, loggable
 from devplug.kubelet.seams import AnswerExtension, NoServingEvents, ServingEvents
 from devplug.kubelet.wire import ListMessageBuilder, allocate_response
@@ -108,6 +109,7 @@ class DevicePluginServicer:
         self.idle = asyncio.Event()  # set while no ListAndWatch stream is open
         self.idle.set()
         self._log = log.bind(resource=resource)
+        self.answer_log = AnswerLog(self._log)  # allocate.complete, once the answer is read
 
     def bind(self, hooks: object | None) -> None:
         """Serve with ``hooks`` (the resource's scanner) from now on: at start, and when a
@@ -205,14 +207,8 @@ class DevicePluginServicer:
         except Exception:
             await self._fail(context, "allocate")
         self.events.allocated(self.resource, "ok")
-        # The log line at the loop's next turn, while gRPC's thread sends the answer: right
-        # after the handler it is ~10 us of warm code; in a done callback, after the send, it
-        # ran on a just-woken CPU at several times that, beside the kubelet reading the answer.
-        asyncio.get_running_loop().call_soon(self._allocated, answer.logged)
+        self.answer_log.answered(answer.logged)
         return answer.encoded
-
-    def _allocated(self, logged: object) -> None:
-        self._log.info("allocate.complete", devices=logged)
 
     async def _answer(self, raw: bytes, message: pb.AllocateRequest, devices: DeviceMap) -> Answer:
         # Counted on the message, before any list is built for it.

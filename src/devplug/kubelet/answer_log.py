@@ -1,0 +1,48 @@
+"""Allocate's log lines, each written once the kubelet has read its answer.
+
+A line written as soon as the answer is handed to gRPC (~10 us of warm code, ~50 us on the
+just-woken CPU a sparse caller meets) competes for the CPU with the answer's send and the
+kubelet's read of it, on the answer's path. So a line waits ``DELAY_S``, longer than a round
+trip here (p99 under 1.5 ms, bench.allocate), and runs while the kubelet does other work.
+
+A back-to-back caller gets a line while its next answer travels instead: the lines still
+waiting when an answer is handed off are written at the loop's next turn, a moment the
+server has nothing else to do until that answer is read. A timer would fire at a random point
+of a later call, and delay that call's handling (p50 +0.06x an empty RPC, ``--block 50``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+
+import structlog
+
+DELAY_S = 0.002
+
+
+class AnswerLog:
+    """``allocate.complete`` lines in answer order; none is lost at :meth:`flush`."""
+
+    def __init__(self, log: structlog.typing.FilteringBoundLogger) -> None:
+        self._log = log
+        self._waiting: deque[tuple[int, object]] = deque()  # (sequence number, devices)
+        self._sequence = 0
+
+    def answered(self, devices: object) -> None:
+        """Log ``devices`` (an answer just handed to gRPC) once the caller has read it."""
+        loop = asyncio.get_running_loop()
+        if self._waiting:
+            loop.call_soon(self._write_through, self._sequence)
+        self._sequence += 1
+        self._waiting.append((self._sequence, devices))
+        loop.call_later(DELAY_S, self._write_through, self._sequence)
+
+    def _write_through(self, sequence: int) -> None:
+        # A timer whose line went out with a later answer finds nothing left to write.
+        while self._waiting and self._waiting[0][0] <= sequence:
+            self._log.info("allocate.complete", devices=self._waiting.popleft()[1])
+
+    def flush(self) -> None:
+        """Write every waiting line (at stop, once gRPC no longer serves)."""
+        self._write_through(self._sequence)
