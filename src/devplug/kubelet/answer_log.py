@@ -28,18 +28,22 @@ class AnswerLog:
         self._log = log
         self._waiting: deque[tuple[int, object]] = deque()  # (sequence number, devices)
         self._sequence = 0
+        self._timer: asyncio.TimerHandle | None = None  # the newest line's
 
     def answered(self, devices: object) -> None:
         """Log ``devices`` (an answer just handed to gRPC) once the caller has read it."""
         loop = asyncio.get_running_loop()
         if self._waiting:
             loop.call_soon(self._write_through, self._sequence)
+        if self._timer is not None:
+            # One timer at a time: a back-to-back caller's would each wake the loop in the
+            # middle of a later call for nothing (a cancelled one never wakes it).
+            self._timer.cancel()
         self._sequence += 1
         self._waiting.append((self._sequence, devices))
-        loop.call_later(DELAY_S, self._write_through, self._sequence)
+        self._timer = loop.call_later(DELAY_S, self._write_through, self._sequence)
 
     def _write_through(self, sequence: int) -> None:
-        # A timer whose line went out with a later answer finds nothing left to write.
         while self._waiting and self._waiting[0][0] <= sequence:
             self._log.info("allocate.complete", devices=self._waiting.popleft()[1])
 
