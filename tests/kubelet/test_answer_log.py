@@ -59,3 +59,55 @@ async def test_flush_writes_what_waits() -> None:
         assert written(logs) == ["a", "b"]
         await asyncio.sleep(0)
     assert written(logs) == ["a", "b"]
+
+
+async def test_back_to_back_answers_keep_one_timer_armed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A timer per answer would wake the loop in the middle of later calls for nothing.
+    loop = asyncio.get_running_loop()
+    armed: list[asyncio.TimerHandle] = []
+    call_later = loop.call_later
+
+    def recording(delay: float, callback: Any, *args: Any) -> asyncio.TimerHandle:
+        armed.append(call_later(delay, callback, *args))
+        return armed[-1]
+
+    with structlog.testing.capture_logs():
+        lines = AnswerLog(structlog.get_logger("test"))
+        with monkeypatch.context() as patched:
+            patched.setattr(loop, "call_later", recording)
+            for n in range(5):
+                lines.answered(n)
+                await asyncio.sleep(0)
+        assert len(armed) == 5
+        assert [timer.cancelled() for timer in armed] == [True] * 4 + [False]
+        lines.flush()
+
+
+async def test_a_line_that_cannot_be_written_is_reported_and_the_others_still_are() -> None:
+    loop = asyncio.get_running_loop()
+    reported: list[dict[str, Any]] = []
+    loop.set_exception_handler(lambda _loop, report: reported.append(report))
+
+    class Unwritable:
+        """A logger whose output is gone for one line (stderr closed under it, say)."""
+
+        def __init__(self) -> None:
+            self.written: list[object] = []
+
+        def info(self, event: str, devices: object) -> None:
+            if devices == "lost":
+                raise BrokenPipeError("stderr closed")
+            self.written.append(devices)
+
+    logger = Unwritable()
+    try:
+        lines = AnswerLog(logger)  # type: ignore[arg-type]
+        for devices in ("a", "lost", "b"):
+            lines.answered(devices)
+        lines.flush()
+    finally:
+        loop.set_exception_handler(None)
+    assert logger.written == ["a", "b"]
+    assert [type(r["exception"]) for r in reported] == [BrokenPipeError]

@@ -347,12 +347,14 @@ class DevicePluginServicer:
     async def _refuse(
         self, context: grpc.aio.ServicerContext[Any, Any], rpc: str, exc: AllocationError
     ) -> NoReturn:
+        self.answer_log.flush()  # earlier answers' lines before this refusal's
         self._log.warning(f"{rpc}.refused", reason=str(exc))
         self._count(rpc, exc.kind)
         await context.abort(_STATUS.get(exc.kind, grpc.StatusCode.INVALID_ARGUMENT), str(exc))
 
     async def _fail(self, context: grpc.aio.ServicerContext[Any, Any], rpc: str) -> NoReturn:
         """Called while handling the exception: its traceback is logged."""
+        self.answer_log.flush()
         self._log.exception(f"{rpc}.failed")
         self._count(rpc, "error")
         await context.abort(grpc.StatusCode.INTERNAL, f"{self.resource}: {rpc} failed")
