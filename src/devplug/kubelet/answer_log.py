@@ -2,9 +2,11 @@
 
 A line written as soon as the answer is handed to gRPC (~10 us of warm code, ~50 us on the
 just-woken CPU a sparse caller meets) competes for the CPU with the answer's send and the
-kubelet's read of it, on the answer's path. So a line waits ``DELAY_S``, longer than a whole
-call here (p99 1-2.3 ms in bench.allocate, sparse calls the slowest), and runs while the
-kubelet does other work. A refusal or failure writes the waiting lines first (see the
+kubelet's read of it, on the answer's path. So a line waits ``DELAY_S``, past the answer's
+read (a whole call here is p50 0.6-1.5 ms, bench.allocate), and runs while the kubelet does
+other work. 5 ms measured worse with one caller switching servers (p99 1.16x-1.20x an empty
+RPC against 1.04x-1.13x): that caller's next call then more often comes first and takes the
+line onto its own path. A refusal or failure writes the waiting lines first (see the
 servicer), so the log keeps the calls' order.
 
 A back-to-back caller gets a line while its next answer travels instead: the lines still
@@ -20,7 +22,7 @@ from collections import deque
 
 import structlog
 
-DELAY_S = 0.005
+DELAY_S = 0.002
 
 
 class AnswerLog:
