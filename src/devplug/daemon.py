@@ -65,7 +65,8 @@ log = structlog.get_logger("devplug.daemon")
 # the first scan if some resource has none by then (no kubelet yet, say).
 CDI_START_TIMEOUT_S = 1.0
 
-# Reads and validates the config file again: (settings, their scanners), or ConfigError.
+# Reads the configuration and builds the scanners: (settings, their scanners), or ConfigError
+# naming the bad field. Called at start and again on every SIGHUP.
 ConfigLoader = Callable[[], tuple[Settings, Sequence[Scanner]]]
 
 

@@ -24,9 +24,9 @@ import signal
 import socket
 import sys
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from types import FrameType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 from devplug.errors import ConfigError
 
@@ -34,7 +34,7 @@ if TYPE_CHECKING:
     import asyncio
 
     from devplug.config import Settings
-    from devplug.daemon import Daemon
+    from devplug.daemon import ConfigLoader, Daemon
     from devplug.scanners.base import Scanner
 
 EXIT_CONFIG = 2  # bad usage or configuration: nothing was served
@@ -42,9 +42,9 @@ EXIT_CONFIG = 2  # bad usage or configuration: nothing was served
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT)
 HANDLED_SIGNALS = (*STOP_SIGNALS, signal.SIGHUP)
 
-# Reads the configuration and builds the scanners; raises ConfigError naming the bad field.
-# Called at start and again on every SIGHUP.
-Loader = Callable[[], tuple["Settings", Sequence["Scanner"]]]
+# The daemon's ConfigLoader, named here without importing the daemon (imported only when it
+# runs, for a quick start of the other commands).
+Loader: TypeAlias = "ConfigLoader"
 
 
 class SignalGuard:
