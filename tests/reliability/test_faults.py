@@ -11,7 +11,6 @@ few times; DEVPLUG_RELIABILITY_LONG=1 many more.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import json
 import os
@@ -20,7 +19,7 @@ import shutil
 import signal
 import stat
 import time
-from collections.abc import AsyncIterator, Callable, Collection, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -714,16 +713,6 @@ class JsonLog:
         return self.named(event)[count - 1]
 
 
-@contextlib.asynccontextmanager
-async def devplug_run(
-    config: Path, kubelet_dir: Path, log: JsonLog, env: Mapping[str, str]
-) -> AsyncIterator[asyncio.subprocess.Process]:
-    """``daemon_process`` with its output in ``log`` (no pipe for the test to drain)."""
-    with log.path.open("ab") as output:
-        async with daemon_process(config, kubelet_dir, env=env, output=output.fileno()) as process:
-            yield process
-
-
 def stale_temp(cdi_dir: Path, name: str, age_s: float) -> Path:
     """A temp file such as a write cut short by SIGKILL leaves, ``age_s`` old."""
     path = cdi_dir / f"{TEMP_PREFIX}{name}"
@@ -756,7 +745,7 @@ async def test_sigkill_then_restart_with_the_same_dirs(
     before = outside()
 
     first = JsonLog(tmp_path / "run-0.log")
-    async with devplug_run(config, kubelet_dir, first, host.env()) as process:
+    async with daemon_process(config, kubelet_dir, env=host.env(), output=first.path) as process:
         session = await kubelet.wait_for_plugin(SERIAL, timeout=WAIT_S)
         await session.wait_for_update(lambda listed: set(listed) == {"ttyUSB0", "ttyUSB1"})
         await first.wait_for("cdi.spec.written")
@@ -771,7 +760,7 @@ async def test_sigkill_then_restart_with_the_same_dirs(
         if young is None:
             young = stale_temp(cdi_dir, "young", 0)  # too young: could be another writer's
         log = JsonLog(tmp_path / f"run-{run}.log")
-        async with devplug_run(config, kubelet_dir, log, host.env()) as process:
+        async with daemon_process(config, kubelet_dir, env=host.env(), output=log.path) as process:
             session = await kubelet.wait_for_plugin(SERIAL, replacing=session, timeout=WAIT_S)
             listed = await session.wait_for_update()
             assert set(listed) == {"ttyUSB0", "ttyUSB1"}
@@ -881,7 +870,9 @@ async def test_sigterm_while_registering(
             in_register = silent.connected
         log = JsonLog(tmp_path / f"run-{attempt}.log")
         try:
-            async with devplug_run(config, kubelet_dir, log, host.env()) as process:
+            async with daemon_process(
+                config, kubelet_dir, env=host.env(), output=log.path
+            ) as process:
                 async with asyncio.timeout(WAIT_S):
                     await in_register.wait()
                 await log.wait_for("kubelet.register.started")

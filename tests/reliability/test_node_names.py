@@ -9,12 +9,10 @@ The daemon now builds node paths from DEVNAME itself and checks them first.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import json
 import os
 import signal
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -42,15 +40,6 @@ def entries(path: Path) -> list[LogEntry]:
         return []
     lines = path.read_text(encoding="utf-8").splitlines(keepends=True)
     return [json.loads(line) for line in lines if line.endswith("\n")]
-
-
-@contextlib.asynccontextmanager
-async def devplug_run(
-    config: Path, kubelet_dir: Path, log: Path, env: Mapping[str, str]
-) -> AsyncIterator[asyncio.subprocess.Process]:
-    with log.open("ab") as output:
-        async with daemon_process(config, kubelet_dir, env=env, output=output.fileno()) as process:
-            yield process
 
 
 def exactly(ids: set[str]) -> Callable[[Mapping[str, object]], bool]:
@@ -101,7 +90,7 @@ async def test_a_hotplugged_node_name_over_name_max_neither_crashes_nor_leaves_f
     log = tmp_path / "run.log"
     rounds = scaled(1, 10)
     bad: list[str] = []
-    async with devplug_run(config, kubelet_dir, log, host.env()) as process:
+    async with daemon_process(config, kubelet_dir, env=host.env(), output=log) as process:
         session = await kubelet.wait_for_plugin(SERIAL, timeout=WAIT_S)
         await session.wait_for_update(lambda listed: set(listed) == {"ttyUSB0"})
         for round_ in range(rounds):

@@ -18,7 +18,7 @@ import os
 import resource
 import signal
 import socket
-from collections.abc import AsyncIterator, Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import grpc
@@ -53,15 +53,6 @@ def write_config(directory: Path, port: int) -> Path:
     return config
 
 
-@contextlib.asynccontextmanager
-async def devplug_run(
-    config: Path, kubelet_dir: Path, log: Path, env: Mapping[str, str]
-) -> AsyncIterator[asyncio.subprocess.Process]:
-    with log.open("ab") as output:
-        async with daemon_process(config, kubelet_dir, env=env, output=output.fileno()) as process:
-            yield process
-
-
 def open_fds(pid: int) -> int:
     return len(os.listdir(f"/proc/{pid}/fd"))
 
@@ -93,7 +84,9 @@ async def test_idle_metrics_connections_cannot_use_up_the_daemons_fds(
     add_usb_serial(host, index=0)
     port = free_port()
     config = write_config(short_dir, port)
-    async with devplug_run(config, kubelet_dir, tmp_path / "run.log", host.env()) as process:
+    async with daemon_process(
+        config, kubelet_dir, env=host.env(), output=tmp_path / "run.log"
+    ) as process:
         session = await kubelet.wait_for_plugin(SERIAL, timeout=WAIT_S)
         await session.wait_for_update(lambda listed: set(listed) == {"ttyUSB0"})
         baseline = open_fds(process.pid)
@@ -165,7 +158,7 @@ async def test_the_soft_fd_limit_is_raised_to_the_hard_limit_at_start(
     add_usb_serial(host, index=0)
     config = write_config(short_dir, free_port())
     with soft_fd_limit(256) as hard:
-        context = devplug_run(config, kubelet_dir, tmp_path / "run.log", host.env())
+        context = daemon_process(config, kubelet_dir, env=host.env(), output=tmp_path / "run.log")
         process = await context.__aenter__()
     try:
         await kubelet.wait_for_plugin(SERIAL, timeout=WAIT_S)
@@ -187,7 +180,9 @@ async def test_sigterm_during_a_huge_preferred_allocation_exits_cleanly(
     ids = scaled(20_000, 200_000)
     add_usb_serial(host, index=0)
     config = write_config(short_dir, free_port())
-    async with devplug_run(config, kubelet_dir, tmp_path / "run.log", host.env()) as process:
+    async with daemon_process(
+        config, kubelet_dir, env=host.env(), output=tmp_path / "run.log"
+    ) as process:
         session = await kubelet.wait_for_plugin(SERIAL, timeout=WAIT_S)
         request = pb.PreferredAllocationRequest(
             container_requests=[

@@ -111,17 +111,31 @@ async def daemon_process(
     kubelet_dir: Path,
     *args: str,
     env: Mapping[str, str] | None = None,
-    output: int | None = asyncio.subprocess.PIPE,
+    output: int | Path | None = asyncio.subprocess.PIPE,
     module: str = "devplug",
     python: str | None = None,
 ) -> AsyncIterator[asyncio.subprocess.Process]:
     """``devplug run`` as a child process (JSON logs on stderr), stopped with SIGTERM on exit.
 
     ``env`` is added to this process's environment: pass ``UmockdevHost.env()`` to let the
-    daemon see mock hardware. ``output`` is where stdout and stderr go (PIPE to read them).
+    daemon see mock hardware. ``output`` is where stdout and stderr go: PIPE to read them, or
+    a file's path to append them to (no pipe for the test to drain; read the file after).
     ``module``: run as ``python -m <module> run ...`` (an entry point wrapping devplug's).
     ``python``: the interpreter (default this one; another venv's, to time an install).
     """
+    if isinstance(output, Path):
+        with output.open("ab") as log:
+            async with daemon_process(
+                config,
+                kubelet_dir,
+                *args,
+                env=env,
+                output=log.fileno(),
+                module=module,
+                python=python,
+            ) as process:
+                yield process
+        return
     process = await asyncio.create_subprocess_exec(
         python or sys.executable,
         "-m",
