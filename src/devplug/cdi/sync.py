@@ -3,8 +3,10 @@
 After each scan the daemon hands the new tree to :class:`CdiSync`, whose task rebuilds the
 specs of the resources that changed and writes those whose bytes changed (through aiofiles).
 Specs are written when devices are discovered, not inside Allocate; a resource that goes away
-takes its spec with it, and so does an orderly shutdown unless ``keep_on_exit``. At start-up,
-specs this instance wrote in an earlier run for resources it no longer has are deleted.
+takes its spec with it, and so does an orderly shutdown unless ``keep_on_exit``. What each
+pass came to is kept in a :class:`~devplug.cdi.ledger.SpecLedger`. At start-up, specs this
+instance wrote in an earlier run for resources it no longer has are deleted
+(:mod:`devplug.cdi.leftovers`).
 
 CDI work never delays a hotplug event's ListAndWatch message: a pass starts SETTLE_S after the
 tree it follows was handed over, renders on the event loop in slices (a first render of
@@ -28,8 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import replace
+from collections.abc import Awaitable, Callable, Sequence
 
 import structlog
 
@@ -39,12 +40,13 @@ from devplug._kits.problems import ProblemLog, error_reason
 from devplug._kits.values import LatestValue
 from devplug.cdi.build import SpecRenderer
 from devplug.cdi.carry_out import SLICE_S, PassAbandoned, carry_out, yield_to_loop
-from devplug.cdi.catalog import CdiCatalog, CdiResource
-from devplug.cdi.files import remove_temp_files
+from devplug.cdi.catalog import CdiCatalog
+from devplug.cdi.ledger import SpecLedger
+from devplug.cdi.leftovers import remove_leftovers
 from devplug.cdi.names import default_kind, spec_file_name
-from devplug.cdi.ownership import STATE_DIR, OwnerLock, owner_alive, state_dir
-from devplug.cdi.plan import Check, Outcome, Plan, Removal, Write, WrittenSpec
-from devplug.cdi.store import DEFAULT_INSTANCE, SpecHeldError, SpecStore
+from devplug.cdi.ownership import STATE_DIR, OwnerLock, owner_alive
+from devplug.cdi.plan import Check, Outcome, Plan, Removal, Write
+from devplug.cdi.store import DEFAULT_INSTANCE, SpecStore
 from devplug.config import CdiSettings
 from devplug.errors import CdiSpecError
 from devplug.model import DeviceTree
@@ -53,8 +55,6 @@ from devplug.scanners.base import Scanner
 log = structlog.get_logger("devplug.cdi")
 
 RETRY_INITIAL_S = 1.0
-# Temp files younger than this may be another instance's write in progress.
-TEMP_FILE_MIN_AGE_S = 60.0
 # How long after a change the specs are rebuilt (changes within it are written once).
 SETTLE_S = 0.02
 RETRY_MAX_S = 60.0
@@ -96,17 +96,13 @@ class CdiSync:
         # Attribute changes too: a spec's stamp (what Allocate's confirm compares) has its ctime.
         self.watcher = DirWatcher(self.directory, _relevant, "cdi", attributes=True)
         self._tree: LatestValue[DeviceTree | None] = LatestValue(None)
-        self._written: dict[str, WrittenSpec] = {}
-        self._failing = ProblemLog()  # resource -> the reason of its last failure
+        # What each pass came to: the specs on disk, failures, specs served elsewhere.
+        self._ledger = SpecLedger(self.directory, catalog)
         self._kind_problems = ProblemLog()  # resource -> why it has no valid kind
         self._clashes = ProblemLog()  # (resource, file name) -> the resource that has the file
         self._renderers: dict[str, SpecRenderer] = {}
-        # resource -> the owner token of the running daemon that serves its spec
-        self._held: dict[str, str] = {}
         catalog.on_stale = self._stale
         catalog.dir_token = self.watcher.token
-        self.writes = 0  # counters for stats and metrics
-        self.failures = 0
         # Told after every pass that recorded something (the daemon's stats).
         self._on_change = on_change
         # Returns once the hotplug path is quiet; awaited before each slice of a pass.
@@ -114,6 +110,16 @@ class CdiSync:
         # The last wait for quiet ran out: the hotplug path has been busy for a while.
         self._storm = False
         self._stopping = False
+
+    @property
+    def writes(self) -> int:
+        """Specs written so far (for stats and metrics)."""
+        return self._ledger.writes
+
+    @property
+    def failures(self) -> int:
+        """Spec jobs failed so far, a spec served elsewhere too (for stats and metrics)."""
+        return self._ledger.failures
 
     def submit(self, tree: DeviceTree) -> None:
         """The devices now advertised; the task writes what changed."""
@@ -191,7 +197,7 @@ class CdiSync:
         soon as one is gone. (Watching the lock files would wake on this probe's own close.)"""
         while True:
             await asyncio.sleep(HELD_RECHECK_S)
-            for owner in set(self._held.values()):
+            for owner in set(self._ledger.held.values()):
                 if not await owner_alive(self.directory, owner):
                     self._stale()
                     break
@@ -227,7 +233,7 @@ class CdiSync:
                 log.exception("cdi.sync.failed", dir=str(self.directory), retry="with back-off")
                 trouble = True
             timeout: float | None = None
-            if self._failing.unsolved() or trouble or not reconciled:
+            if self._ledger.failing.unsolved() or trouble or not reconciled:
                 timeout = backoff.next()
             else:
                 backoff.reset()
@@ -236,33 +242,11 @@ class CdiSync:
                     await self._tree.wait_changed(version)
 
     async def _reconcile_start(self) -> bool:
-        """Delete this instance's specs of earlier runs for resources not advertised now, old
-        temp files and the locks of daemons gone; True when done (False: the dir could not be
-        read, try again)."""
+        """Delete what earlier runs left but the specs of the resources advertised now; True
+        when done (False: the dir could not be read, try again)."""
         tree = self._tree.value or DeviceTree()
         wanted = {spec_file_name(k) for r in tree if (k := self.kind_of(r)) is not None}
-        try:
-            await self.store.prepare()
-            stale_temps = await remove_temp_files(self.directory, TEMP_FILE_MIN_AGE_S)
-            stale_temps += await remove_temp_files(state_dir(self.directory), TEMP_FILE_MIN_AGE_S)
-            await self.store.remove_dead_locks()
-            candidates = await self.store.stale_candidates()
-        except OSError as exc:
-            log.warning("cdi.reconcile.failed", dir=str(self.directory), reason=error_reason(exc))
-            return False
-        for name in candidates:
-            if name in wanted:
-                continue
-            try:
-                resource = await self.store.remove_stale(name)
-            except OSError as exc:
-                log.warning("cdi.spec.remove_failed", file=name, reason=error_reason(exc))
-                continue
-            if resource is not None:
-                log.info("cdi.spec.removed", file=name, resource=resource, reason="stale")
-        if stale_temps:
-            log.info("cdi.temp_files.removed", count=stale_temps)
-        return True
+        return await remove_leftovers(self.store, wanted)
 
     def _plan(self, tree: DeviceTree) -> Plan:
         plan = Plan()
@@ -288,8 +272,8 @@ class CdiSync:
                     fix=f"set cdi.kinds for {resource} to a kind of its own",
                 )
                 continue
-            done = self._written.get(resource)
-            failing = self._failing.current(resource) is not None
+            done = self._ledger.written.get(resource)
+            failing = self._ledger.failing.current(resource) is not None
             if done is not None and done.devices is devices and not failing:
                 # The same device map as last time: nothing to rebuild, only to check.
                 plan.verify[resource] = Check(done.entry.file_name, done.stamp, done.data)
@@ -301,17 +285,13 @@ class CdiSync:
                 None if renderer.rendered is None else tree.edit_since(resource, renderer.rendered)
             )
             plan.write[resource] = Write(renderer, file_name, devices, edit)
-        for resource, done in self._written.items():
+        for resource, done in self._ledger.written.items():
             if resource not in tree:
                 plan.remove[resource] = Removal(done.entry.file_name, done.stamp)
             elif claimed.get(done.entry.file_name) != resource:
                 # Its file now belongs to another resource: forget it without deleting it.
                 plan.forget.add(resource)
-        for key in self._failing.unsolved():
-            if key not in tree and key not in self._written:
-                self._failing.solved(key)  # gone before its spec was ever written
-        for resource in [r for r in self._held if r not in tree]:
-            del self._held[resource]
+        self._ledger.drop_gone(tree)
         for resource in list(self._renderers):
             if resource not in tree:
                 del self._renderers[resource]
@@ -320,14 +300,14 @@ class CdiSync:
     async def _sync(self, tree: DeviceTree) -> None:
         plan = self._plan(tree)
         for resource in plan.forget:
-            self._written.pop(resource, None)
+            self._ledger.written.pop(resource, None)
             self.catalog.set(resource, None)
         if not plan.write and not plan.remove and not plan.verify:
             return
         previous = {
-            r: (self._written[r].data, self._written[r].stamp)
+            r: (self._ledger.written[r].data, self._ledger.written[r].stamp)
             for r in plan.write
-            if r in self._written
+            if r in self._ledger.written
         }
         # While files are replaced, Allocate may only name devices that the old file and the
         # new one define alike: those whose DeviceInfo did not change.
@@ -356,99 +336,16 @@ class CdiSync:
                 log.error("cdi.sync.failed", dir=str(self.directory), exc_info=work.exception())
             raise
         finally:
-            self._record(plan, outcomes, before)
+            self._ledger.record(plan, outcomes, before)
         if self._on_change is not None:
             self._on_change()
-
-    def _record(
-        self,
-        plan: Plan,
-        outcomes: Mapping[str, Outcome],
-        before: Mapping[str, CdiResource | None],
-    ) -> None:
-        for resource, outcome in outcomes.items():
-            if not isinstance(outcome, SpecHeldError):
-                self._held.pop(resource, None)
-            if isinstance(outcome, Exception):
-                self._record_failure(resource, outcome, before)
-                continue
-            if resource in plan.remove:
-                self._written.pop(resource, None)
-                self.catalog.set(resource, None)
-                log.info("cdi.spec.removed", resource=resource, reason="resource gone")
-                self._failing.solved(resource)
-                continue
-            if outcome is None:
-                continue  # unreachable: None is only a removal's outcome
-            if resource in plan.verify:
-                done = self._written[resource]
-                if outcome.wrote:  # it had gone or been replaced: rewritten
-                    self.writes += 1
-                    log.warning("cdi.spec.rewritten", resource=resource, reason="changed on disk")
-                done.stamp = outcome.stamp
-                done.entry = replace(done.entry, stamp=outcome.stamp)
-                self.catalog.set(resource, done.entry)  # back, if Allocate had dropped it
-                continue
-            job = plan.write[resource]
-            if outcome.entry is None:
-                self._written.pop(resource, None)
-                self.catalog.set(resource, None)
-            else:
-                entry = replace(
-                    outcome.entry, path=self.directory / job.file_name, stamp=outcome.stamp
-                )
-                self._written[resource] = WrittenSpec(
-                    job.devices, outcome.data, entry, outcome.stamp
-                )
-                self.catalog.set(resource, entry)
-            if outcome.wrote:
-                self.writes += 1
-                log.info("cdi.spec.written", resource=resource, file=job.file_name)
-            if self._failing.solved(resource):
-                log.info("cdi.spec.recovered", resource=resource)
-
-    def _record_failure(
-        self, resource: str, error: Exception, before: Mapping[str, CdiResource | None]
-    ) -> None:
-        self.failures += 1
-        reason = error_reason(error)
-        if isinstance(error, SpecHeldError):
-            self._held[resource] = error.owner
-            # Another running daemon serves this spec (a second `devplug run` on the same
-            # dirs, say): leave it to that one; the dir watch says when it lets go.
-            self._written.pop(resource, None)
-            self.catalog.set(resource, None)
-            self._failing.report(
-                log,
-                "cdi.spec.held_elsewhere",
-                reason,
-                key=resource,
-                level="warning",
-                resource=resource,
-                dir=str(self.directory),
-                held_by=error.instance,
-                retry="when that daemon lets go; Allocate gives device specs meanwhile",
-            )
-            return
-        self._failing.report(
-            log,
-            "cdi.spec.write_failed",
-            reason,
-            key=resource,
-            level="warning",
-            resource=resource,
-            dir=str(self.directory),
-            retry="with back-off; Allocate gives device specs meanwhile",
-        )
-        if resource in before:
-            self.catalog.set(resource, before[resource])  # the old file is still there
 
     async def close(self) -> None:
         """On orderly shutdown: remove the specs written, unless told to keep them (a spec
         another daemon has taken over since is theirs and stays), then let go of the lock."""
         try:
             if not self.settings.keep_on_exit:
-                for resource, done in sorted(self._written.items()):
+                for resource, done in sorted(self._ledger.written.items()):
                     self.catalog.set(resource, None)
                     try:
                         await self.store.remove(done.entry.file_name, expected=done.stamp)
@@ -456,7 +353,7 @@ class CdiSync:
                         log.warning(
                             "cdi.spec.remove_failed", resource=resource, reason=error_reason(exc)
                         )
-                self._written.clear()
+                self._ledger.written.clear()
         finally:
             with contextlib.suppress(OSError):
                 await self.store.close()
