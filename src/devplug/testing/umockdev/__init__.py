@@ -21,13 +21,8 @@ Facts this package relies on (umockdev 0.17.16, ``src/libumockdev-preload.c``):
   ``event[0-9]*`` socket. :meth:`UmockdevHost.emit` does the same from Python.
 """
 
-from devplug.testing.umockdev.host import (
-    PRELOAD_LIBRARY,
-    MockNode,
-    UeventQueueFullError,
-    UmockdevHost,
-    preload_active,
-)
+from devplug.testing.umockdev.device_files import MockNode
+from devplug.testing.umockdev.host import PRELOAD_LIBRARY, UmockdevHost, preload_active
 from devplug.testing.umockdev.presets import (
     add_drm_minors,
     add_intel_gpu,
@@ -39,6 +34,7 @@ from devplug.testing.umockdev.presets import (
     add_vfio_function,
     add_vfio_group,
 )
+from devplug.testing.umockdev.uevents import UeventQueueFullError
 from devplug.testing.umockdev.wire import encode_udev_message
 
 __all__ = [

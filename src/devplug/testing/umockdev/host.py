@@ -1,19 +1,29 @@
-"""The testbed itself: :class:`UmockdevHost` builds, mutates, activates and emits."""
+"""The testbed itself: :class:`UmockdevHost` keeps the devices, mutates and activates them.
+
+Writing a new device's files lives in ``device_files.py``, building and sending uevents in
+``uevents.py``; the host keeps what both need (the devices, the removed ones, the SEQNUM).
+"""
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import os
 import shutil
-import stat
-import time
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
-from typing import Final, Literal
+from typing import Final
 
+from devplug.testing.umockdev.device_files import (
+    _RESERVED_NAMES,
+    _Device,
+    _TestbedPaths,
+    _write_device,
+    _write_node_file,
+)
+
+# "X as X": re-exported, as both lived here before (presets and callers import them).
+from devplug.testing.umockdev.device_files import MockNode as MockNode
 from devplug.testing.umockdev.files import (
     _atomic_write,
     _canonical_sys_path,
@@ -23,94 +33,25 @@ from devplug.testing.umockdev.files import (
     _dev_relative,
     _format_uevent,
     _parse_uevent,
-    _write,
 )
-from devplug.testing.umockdev.wire import _send_all, encode_udev_message
+from devplug.testing.umockdev.uevents import (
+    UeventQueueFullError as UeventQueueFullError,
+)
+from devplug.testing.umockdev.uevents import (
+    _check_action,
+    _event_properties,
+    _event_sockets,
+    _send_uevent,
+    _send_uevent_async,
+)
+from devplug.testing.umockdev.wire import encode_udev_message
 
 PRELOAD_LIBRARY: Final = "libumockdev-preload.so.0"
 
 _EMPTY: Final[Mapping[str, str]] = MappingProxyType({})
 
-# Subsystems whose devices live under /sys/bus/<subsystem>/devices (all others are classes).
-# umockdev keeps a similar built-in list; a caller can override it per device with bus=.
-_BUS_SUBSYSTEMS: Final = frozenset(
-    {
-        "acpi",
-        "amba",
-        "auxiliary",
-        "cpu",
-        "cxl",
-        "dax",
-        "gpio",
-        "hid",
-        "i2c",
-        "mdev",
-        "mdio_bus",
-        "memory",
-        "mmc",
-        "nd",
-        "nvmem",
-        "pci",
-        "pci_express",
-        "platform",
-        "pnp",
-        "scsi",
-        "sdio",
-        "serio",
-        "spi",
-        "thunderbolt",
-        "typec",
-        "usb",
-        "usb-serial",
-        "virtio",
-        "vmbus",
-        "xen",
-        "xen-backend",
-    }
-)
-
-# Names the module writes itself in a device dir; callers may not use them as attributes/links.
-_RESERVED_NAMES: Final = frozenset({"uevent", "subsystem", "driver"})
-_ACTIONS: Final = frozenset(
-    {"add", "remove", "change", "move", "online", "offline", "bind", "unbind"}
-)
-
 # sun_path is 108 bytes; the preload truncates longer socket paths silently (snprintf).
 _MAX_SOCKET_PATH: Final = 107
-
-
-@dataclass(frozen=True)
-class MockNode:
-    """A /dev node: ``path`` relative to /dev (a leading ``/dev/`` is accepted)."""
-
-    path: str
-    major: int
-    minor: int
-    kind: Literal["c", "b"] = "c"
-
-    def __post_init__(self) -> None:
-        if self.kind not in ("c", "b") or self.major < 0 or self.minor < 0:
-            raise ValueError(f"invalid device node: {self}")
-        _dev_relative(self.path)
-
-    @property
-    def relative_path(self) -> str:
-        """The path below /dev, e.g. ``dri/card0``."""
-        return _dev_relative(self.path)
-
-
-class UeventQueueFullError(RuntimeError):
-    """A monitor socket's queue is full (the monitor is not being drained)."""
-
-    def __init__(self, sockets: Sequence[str], delivered: int) -> None:
-        self.sockets = tuple(sockets)
-        self.delivered = delivered
-        super().__init__(
-            f"uevent monitor socket queue full: {', '.join(self.sockets)} "
-            f"(delivered to {delivered} other socket(s)). An undrained monitor holds only "
-            "net.unix.max_dgram_qlen + 1 datagrams; read it (loop.add_reader) between "
-            "events or use emit_async()"
-        )
 
 
 def preload_active() -> bool:
@@ -120,17 +61,6 @@ def preload_active() -> bool:
             return any("libumockdev-preload" in line for line in maps)
     except OSError:
         return False
-
-
-@dataclass
-class _Device:
-    sys_path: str
-    subsystem: str
-    properties: dict[str, str]
-    node: MockNode | None
-    # Absolute host paths outside the device dir that belong to this device (class/bus/dev
-    # links, the /dev node and its metadata, devlinks); removed with the device.
-    external: list[str] = field(default_factory=list)
 
 
 class UmockdevHost:
@@ -154,6 +84,7 @@ class UmockdevHost:
             raise ValueError(f"testbed directory is not empty: {root}")
         self.root: Path = root
         self._root = str(root)
+        self._paths = _TestbedPaths(self._root)
         for sub in ("sys/devices", "sys/bus", "sys/class", "sys/dev/char", "sys/dev/block"):
             os.makedirs(os.path.join(self._root, sub))
         os.makedirs(os.path.join(self._root, "dev", ".node"))
@@ -163,13 +94,7 @@ class UmockdevHost:
         self._tombstones: dict[str, tuple[str, dict[str, str]]] = {}
         self._seqnum = 0
 
-    # ------------------------------------------------------------------ paths
-
-    def _host(self, sys_path: str) -> str:
-        return self._root + sys_path
-
-    def _dev_host(self, rel: str) -> str:
-        return os.path.join(self._root, "dev", rel)
+    # ------------------------------------------------------------------ lookup
 
     def _known(self, sys_path: str) -> _Device:
         canonical = _canonical_sys_path(sys_path)
@@ -215,76 +140,18 @@ class UmockdevHost:
             raise ValueError(f"device already exists: {canonical}")
         _check_name("subsystem", subsystem)
         self._check_parent(canonical)
-        name = parts[-1]
-        is_bus = subsystem in _BUS_SUBSYSTEMS if bus is None else bus
-
-        # Validate everything before touching the disk so a failure leaves no half device.
-        for attr in attributes:
-            _check_relative(attr, "attribute")
-            if attr.split("/")[0] in _RESERVED_NAMES or (attr == "dev" and node is not None):
-                raise ValueError(f"attribute name clashes with a reserved entry: {attr}")
-        for link in links:
-            _check_relative(link, "link")
-            reserved = link in _RESERVED_NAMES or (link == "dev" and node is not None)
-            if reserved or link in attributes:
-                raise ValueError(f"link name clashes with another entry: {link}")
-        props = self._initial_properties(canonical, subsystem, properties, node, devlinks, driver)
-
-        dev = _Device(canonical, subsystem, props, node)
-        sys_root = os.path.join(self._root, "sys")
-        if is_bus:
-            subsystem_dir = os.path.join(sys_root, "bus", subsystem)
-            external_links = [os.path.join(subsystem_dir, "devices", name)]
-        else:
-            subsystem_dir = os.path.join(sys_root, "class", subsystem)
-            external_links = [os.path.join(subsystem_dir, name)]
-        if subsystem == "block" and props.get("DEVTYPE") != "partition":
-            external_links.append(os.path.join(sys_root, "block", name))
-        if node is not None:
-            dev_kind = "block" if node.kind == "b" else "char"
-            external_links.append(
-                os.path.join(sys_root, "dev", dev_kind, f"{node.major}:{node.minor}")
-            )
-        node_files: list[str] = []
-        if node is not None:
-            rel = node.relative_path
-            node_files = [self._dev_host(rel), self._node_meta(rel)]
-            for link in devlinks:
-                rel_link = _dev_relative(link)
-                node_files += [self._dev_host(rel_link), self._node_meta(rel_link)]
-        claimed = [*external_links, *node_files]
-        if len(set(claimed)) != len(claimed):
-            raise ValueError(f"duplicate node, devlink or class entry for {canonical}")
-        for path in claimed:
-            if os.path.lexists(path):
-                raise ValueError(f"{path} already exists in the testbed (clash for {canonical})")
-
-        # --- write
-        host_dir = self._host(canonical)
-        os.makedirs(host_dir, exist_ok=True)  # may be an implicit glue dir being promoted
-        for attr, value in attributes.items():
-            path = os.path.join(host_dir, attr)
-            if "/" in attr:
-                os.makedirs(os.path.dirname(path), exist_ok=True)
-            _write(path, value)
-        for link, target in links.items():
-            path = os.path.join(host_dir, link)
-            if "/" in link:
-                os.makedirs(os.path.dirname(path), exist_ok=True)
-            os.symlink(target, path)
-        os.symlink(os.path.relpath(subsystem_dir, host_dir), os.path.join(host_dir, "subsystem"))
-        if driver is not None:
-            os.symlink(
-                self._driver_target(canonical, subsystem, driver), os.path.join(host_dir, "driver")
-            )
-        for link_path in external_links:
-            os.makedirs(os.path.dirname(link_path), exist_ok=True)
-            os.symlink(os.path.relpath(host_dir, os.path.dirname(link_path)), link_path)
-        dev.external.extend(external_links)
-        if node is not None:
-            self._write_node(dev, node, devlinks)
-            _write(os.path.join(host_dir, "dev"), f"{node.major}:{node.minor}")
-        _write(os.path.join(host_dir, "uevent"), _format_uevent(props))
+        dev = _write_device(
+            self._paths,
+            canonical,
+            subsystem,
+            attributes=attributes,
+            properties=properties,
+            links=links,
+            node=node,
+            devlinks=devlinks,
+            driver=driver,
+            bus=bus,
+        )
         self._devices[canonical] = dev
         self._tombstones.pop(canonical, None)
         return canonical
@@ -303,72 +170,12 @@ class UmockdevHost:
             return  # one class glue dir below a device, e.g. .../0000:00:02.0/drm/card0
         raise ValueError(f"parent device of {canonical} must be added first")
 
-    def _initial_properties(
-        self,
-        canonical: str,
-        subsystem: str,
-        properties: Mapping[str, str],
-        node: MockNode | None,
-        devlinks: Sequence[str],
-        driver: str | None,
-    ) -> dict[str, str]:
-        derived: dict[str, str] = {}
-        if node is not None:
-            # uevent files carry DEVNAME relative to /dev, as the kernel writes it.
-            derived["DEVNAME"] = node.relative_path
-            derived["MAJOR"] = str(node.major)
-            derived["MINOR"] = str(node.minor)
-        elif devlinks:
-            raise ValueError(f"devlinks need a node: {canonical}")
-        if devlinks:
-            derived["DEVLINKS"] = " ".join("/dev/" + _dev_relative(link) for link in devlinks)
-        if driver is not None:
-            _check_name("driver", driver)
-            derived["DRIVER"] = driver
-        for key, value in properties.items():
-            _check_property(key, value)
-            if key in derived and derived[key] != value:
-                raise ValueError(f"property {key}={value!r} contradicts the arguments")
-            if key == "SUBSYSTEM" and value != subsystem:
-                raise ValueError(f"SUBSYSTEM={value!r} contradicts subsystem {subsystem!r}")
-        # umockdev also writes SUBSYSTEM into uevent; keep it for parity and for emit().
-        return {**derived, **properties, "SUBSYSTEM": subsystem}
-
-    def _driver_target(self, canonical: str, subsystem: str, driver: str) -> str:
-        # Relative like real sysfs; the target dir does not exist (trap 7: read the basename).
-        target = os.path.join(self._root, "sys", "bus", subsystem, "drivers", driver)
-        return os.path.relpath(target, self._host(canonical))
-
-    def _node_meta(self, rel: str) -> str:
-        return os.path.join(self._root, "dev", ".node", rel.replace("/", "_"))
-
-    def _write_node(self, dev: _Device, node: MockNode, devlinks: Sequence[str]) -> None:
-        rel = node.relative_path
-        path = self._dev_host(rel)
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        _write(path, b"")
-        # The preload reports a block device for a file with the sticky bit, else char.
-        os.chmod(path, 0o1660 if node.kind == "b" else 0o660)
-        meta = self._node_meta(rel)
-        os.symlink(f"{node.major}:{node.minor}", meta)
-        dev.external += [path, meta]
-        for link in devlinks:
-            link_path = self._dev_host(_dev_relative(link))
-            os.makedirs(os.path.dirname(link_path), exist_ok=True)
-            # Relative target: an absolute testbed path would escape the /dev redirection.
-            os.symlink(os.path.relpath(path, os.path.dirname(link_path)), link_path)
-            # stat() through the link reports the link's own name to the preload, which
-            # looks up .node/<link name>; without this entry st_rdev would be 0:0.
-            link_meta = self._node_meta(_dev_relative(link))
-            os.symlink(f"{node.major}:{node.minor}", link_meta)
-            dev.external += [link_path, link_meta]
-
     def add_dev_dir(self, path: str) -> None:
         """Create an empty /dev directory (e.g. ``dri``) so the host's real one is hidden.
 
         The preload redirects a /dev path only if it exists in the testbed.
         """
-        os.makedirs(self._dev_host(_dev_relative(path)), exist_ok=True)
+        os.makedirs(self._paths.dev_entry(_dev_relative(path)), exist_ok=True)
 
     # ------------------------------------------------------------------ mutation
 
@@ -378,7 +185,7 @@ class UmockdevHost:
         _check_relative(name, "attribute")
         if name.split("/")[0] in _RESERVED_NAMES:
             raise ValueError(f"reserved name: {name}")
-        path = os.path.join(self._host(dev.sys_path), name)
+        path = os.path.join(self._paths.device_dir(dev.sys_path), name)
         if os.path.islink(path) or os.path.isdir(path):
             raise ValueError(f"{name} is a link or directory, not an attribute")
         os.makedirs(os.path.dirname(path), exist_ok=True)
@@ -397,13 +204,14 @@ class UmockdevHost:
                 raise ValueError("SUBSYSTEM is fixed by the subsystem link")
             dev.properties[key] = value
         _atomic_write(
-            os.path.join(self._host(dev.sys_path), "uevent"), _format_uevent(dev.properties)
+            os.path.join(self._paths.device_dir(dev.sys_path), "uevent"),
+            _format_uevent(dev.properties),
         )
 
     def set_driver(self, sys_path: str, driver: str | None) -> None:
         """Bind to ``driver`` (or unbind with None): the driver link and DRIVER property."""
         dev = self._known(sys_path)
-        link = os.path.join(self._host(dev.sys_path), "driver")
+        link = os.path.join(self._paths.device_dir(dev.sys_path), "driver")
         if driver is None:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(link)
@@ -413,7 +221,7 @@ class UmockdevHost:
             tmp = link + ".devplug-tmp"
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(tmp)
-            os.symlink(self._driver_target(dev.sys_path, dev.subsystem, driver), tmp)
+            os.symlink(self._paths.driver_target(dev.sys_path, dev.subsystem, driver), tmp)
             os.replace(tmp, link)
         self.set_property(dev.sys_path, "DRIVER", driver)
 
@@ -427,7 +235,7 @@ class UmockdevHost:
         if dev.node is None:
             raise ValueError(f"{dev.sys_path} has no device node")
         rel = dev.node.relative_path
-        path, meta = self._dev_host(rel), self._node_meta(rel)
+        path, meta = self._paths.dev_entry(rel), self._paths.node_meta(rel)
         if not present:
             for entry in (path, meta):
                 with contextlib.suppress(FileNotFoundError):
@@ -435,8 +243,7 @@ class UmockdevHost:
             return
         if os.path.lexists(path):
             return
-        _write(path, b"")
-        os.chmod(path, 0o1660 if dev.node.kind == "b" else 0o660)
+        _write_node_file(path, dev.node)
         with contextlib.suppress(FileExistsError):
             os.symlink(f"{dev.node.major}:{dev.node.minor}", meta)
 
@@ -457,7 +264,7 @@ class UmockdevHost:
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(ext)
             self._tombstones[path] = (dev.subsystem, dict(dev.properties))
-        shutil.rmtree(self._host(top.sys_path))
+        shutil.rmtree(self._paths.device_dir(top.sys_path))
         return doomed
 
     # ------------------------------------------------------------------ activation
@@ -496,47 +303,25 @@ class UmockdevHost:
 
     def event_sockets(self) -> list[str]:
         """The monitor sockets the preload created in the testbed (``event<fd>``)."""
-        found: list[str] = []
-        with os.scandir(self._root) as entries:
-            for entry in entries:
-                if entry.name.startswith("event") and entry.name[5:].isdigit():
-                    with contextlib.suppress(FileNotFoundError):
-                        if stat.S_ISSOCK(entry.stat(follow_symlinks=False).st_mode):
-                            found.append(entry.path)
-        return sorted(found)
+        return _event_sockets(self._root)
 
     def event_properties(
         self, action: str, sys_path: str, extra: Mapping[str, str] = _EMPTY
     ) -> dict[str, str]:
         """The properties :meth:`emit` would send (consumes a SEQNUM)."""
-        if action not in _ACTIONS:
-            raise ValueError(f"unknown uevent action: {action!r}")
+        _check_action(action)
         canonical = _canonical_sys_path(sys_path)
         dev = self._devices.get(canonical)
         if dev is not None:
             subsystem = dev.subsystem
             # Read the file, not the model: it is what a re-reading consumer sees.
-            current = _parse_uevent(os.path.join(self._host(canonical), "uevent"))
+            current = _parse_uevent(os.path.join(self._paths.device_dir(canonical), "uevent"))
         elif canonical in self._tombstones:
             subsystem, current = self._tombstones[canonical]
         else:
             raise ValueError(f"no such device (or removed device) in testbed: {canonical}")
         self._seqnum += 1
-        props = {
-            "ACTION": action,
-            "DEVPATH": canonical[len("/sys") :],
-            "SUBSYSTEM": subsystem,
-            "SEQNUM": str(self._seqnum),
-        }
-        for key, value in current.items():
-            if key not in props:
-                props[key] = value
-        if "DEVNAME" in props and not props["DEVNAME"].startswith("/"):
-            props["DEVNAME"] = "/dev/" + props["DEVNAME"]  # udevd sends absolute names
-        for key, value in extra.items():
-            _check_property(key, value, allow_event_keys=True)
-            props[key] = value
-        return props
+        return _event_properties(action, canonical, subsystem, current, self._seqnum, extra)
 
     def emit(self, action: str, sys_path: str, extra: Mapping[str, str] = _EMPTY) -> int:
         """Send a uevent to every monitor socket; return how many received it.
@@ -545,10 +330,7 @@ class UmockdevHost:
         delivering to the others).
         """
         datagram = encode_udev_message(self.event_properties(action, sys_path, extra))
-        sent, full = _send_all(self.event_sockets(), datagram)
-        if full:
-            raise UeventQueueFullError(full, sent)
-        return sent
+        return _send_uevent(self.event_sockets(), datagram)
 
     async def emit_async(
         self,
@@ -560,15 +342,4 @@ class UmockdevHost:
     ) -> int:
         """Like :meth:`emit`, but waits (asyncio sleeps) while a queue is full."""
         datagram = encode_udev_message(self.event_properties(action, sys_path, extra))
-        pending = self.event_sockets()
-        delivered = 0
-        deadline = time.monotonic() + timeout
-        while True:
-            sent, pending = _send_all(pending, datagram)
-            delivered += sent
-            if not pending:
-                return delivered
-            if time.monotonic() >= deadline:
-                raise UeventQueueFullError(pending, delivered)
-            # Yield to the loop so the reader callbacks can drain the monitor.
-            await asyncio.sleep(0.001)
+        return await _send_uevent_async(self.event_sockets(), datagram, timeout)
