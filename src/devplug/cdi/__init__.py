@@ -2,6 +2,7 @@
 
 Pure parts (``names``, ``spec``, ``build``) turn a resource's devices into a spec; ``files``,
 ``ownership`` and ``store`` put specs on disk as their owner in a dir shared with others;
-``sync`` keeps them in line with the advertised tree; ``catalog`` and ``allocate`` give
+``sync`` keeps them in line with the advertised tree (``ledger`` records what each pass came
+to; ``leftovers`` clears what earlier runs left, at start-up); ``catalog`` and ``allocate`` give
 Allocate the CDI names of what is on disk; ``generate`` is ``devplug cdi generate``.
 """
