@@ -38,6 +38,11 @@ class SpecLedger:
         self.writes = 0  # counters for stats and metrics
         self.failures = 0
 
+    def forget(self, resource: str) -> None:
+        """No spec of ``resource`` on disk is this daemon's now: Allocate names none."""
+        self.written.pop(resource, None)
+        self.catalog.set(resource, None)
+
     def drop_gone(self, advertised: Container[str]) -> None:
         """Forget the failures and holders of resources no longer ``advertised``; a resource
         whose spec this daemon wrote keeps its failure until the spec's removal is done."""
@@ -62,8 +67,7 @@ class SpecLedger:
                 self._record_failure(resource, outcome, before)
                 continue
             if resource in plan.remove:
-                self.written.pop(resource, None)
-                self.catalog.set(resource, None)
+                self.forget(resource)
                 log.info("cdi.spec.removed", resource=resource, reason="resource gone")
                 self.failing.solved(resource)
                 continue
@@ -80,8 +84,7 @@ class SpecLedger:
                 continue
             job = plan.write[resource]
             if outcome.entry is None:
-                self.written.pop(resource, None)
-                self.catalog.set(resource, None)
+                self.forget(resource)
             else:
                 entry = replace(
                     outcome.entry, path=self.directory / job.file_name, stamp=outcome.stamp
@@ -105,8 +108,7 @@ class SpecLedger:
             self.held[resource] = error.owner
             # Another running daemon serves this spec (a second `devplug run` on the same
             # dirs, say): leave it to that one; the dir watch says when it lets go.
-            self.written.pop(resource, None)
-            self.catalog.set(resource, None)
+            self.forget(resource)
             self.failing.report(
                 log,
                 "cdi.spec.held_elsewhere",

@@ -300,8 +300,7 @@ class CdiSync:
     async def _sync(self, tree: DeviceTree) -> None:
         plan = self._plan(tree)
         for resource in plan.forget:
-            self._ledger.written.pop(resource, None)
-            self.catalog.set(resource, None)
+            self._ledger.forget(resource)
         if not plan.write and not plan.remove and not plan.verify:
             return
         previous = {
