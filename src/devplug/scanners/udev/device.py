@@ -2,7 +2,8 @@
 
 Reads of a device that vanished half-way through a scan return None. Nothing read here is
 trusted as a path until checked: device nodes must be normalised paths under /dev whose
-components fit a file name, link targets are reduced to a validated basename. Text that is not
+components fit a file name, link targets are reduced to a validated basename, and attribute
+names are relative paths that stay in /sys once sysfs's links are followed. Text that is not
 UTF-8 reads as absent, and the device's sysfs path is noted with the reason (``problems``), so
 one odd device is skipped with a warning instead of failing its scanner's whole scan.
 """
@@ -53,6 +54,41 @@ def node_path_problem(path: str) -> str | None:
     if any(len(part) > NAME_MAX for part in encoded.split(b"/")):
         return f"a path component is longer than {NAME_MAX} bytes"
     return None
+
+
+def sub_path_problem(name: str) -> str | None:
+    """Why ``name`` is not a path relative to a device's sysfs dir (None: it is)."""
+    if not name:
+        return "it is empty"
+    if "\0" in name:
+        return "it contains a NUL byte"
+    if name.startswith("/"):
+        return "it is absolute"
+    try:
+        encoded = name.encode("utf-8")  # what pyudev hands libudev
+    except UnicodeEncodeError:
+        return "it is not UTF-8"
+    if len(encoded) >= PATH_MAX:
+        return f"it is longer than {PATH_MAX - 1} bytes"
+    for part in encoded.split(b"/"):
+        if part in (b"", b".", b".."):
+            return "it has an empty, '.' or '..' component"
+        if len(part) > NAME_MAX:
+            return f"a component is longer than {NAME_MAX} bytes"
+    return None
+
+
+def checked_sub_path(name: object, what: str) -> str:
+    """``name`` if it is a sysfs sub-path (see :func:`sub_path_problem`), else ValueError."""
+    if not isinstance(name, str):
+        raise TypeError(f"{what} names are strings, got {type(name).__name__}")
+    problem = sub_path_problem(name)
+    if problem is not None:
+        raise ValueError(
+            f"{what} names are paths relative to the device's sysfs dir, such as 'vendor' or "
+            f"'queue/rotational'; got {name!r}: {problem}"
+        )
+    return name
 
 
 def _undecodable(what: str) -> str:
@@ -163,9 +199,15 @@ class UdevDevice:
         return None if value is None else str(value)
 
     def attribute(self, name: str) -> str | None:
-        """A sysfs attribute as stripped text, or None if missing, unreadable or oversized."""
-        if "/" in name or "\0" in name or name in ("", ".", ".."):
-            raise ValueError(f"attribute names are plain file names, got {name!r}")
+        """A sysfs attribute as stripped text, or None if missing, unreadable or oversized.
+
+        ``name`` is a path relative to the device's sysfs dir, as pyudev takes it: ``vendor``,
+        ``queue/rotational``, ``device/vendor`` (through sysfs's own link to the parent). A
+        name that is not such a path raises ValueError; one that leads out of /sys through a
+        link reads as None (and is noted).
+        """
+        if not self._inside_sysfs(checked_sub_path(name, "attribute")):
+            return None
         try:
             raw = self._device.attributes.get(name)
         except (OSError, KeyError, pyudev.DeviceNotFoundError):
@@ -188,9 +230,10 @@ class UdevDevice:
             return None
 
     def link_basename(self, name: str) -> str | None:
-        """Basename of a symlink in the device's sysfs dir (e.g. ``iommu_group`` -> "12")."""
-        if "/" in name or "\0" in name or name in ("", ".", ".."):
-            raise ValueError(f"link names are plain file names, got {name!r}")
+        """Basename of a symlink below the device's sysfs dir (``iommu_group`` -> "12",
+        ``device/driver`` -> "i915"); ``name`` as for :meth:`attribute`."""
+        if not self._inside_sysfs(checked_sub_path(name, "link")):
+            return None
         try:
             target = os.readlink(os.path.join(self.sys_path, name))
         except OSError:
@@ -199,6 +242,20 @@ class UdevDevice:
         if not base or base in (".", "..") or "\0" in base:
             return None
         return base
+
+    def _inside_sysfs(self, name: str) -> bool:
+        """Whether the dir holding ``name`` (a checked sub-path) is still in /sys once its links
+        are followed. libudev follows every link on the way (sysfs's ``device``, ``driver``,
+        ``iommu_group``), all of which stay in /sys on a real host; one that leaves it (a
+        tampered or mock sysfs) must not turn an attribute read into a read of any file."""
+        folder = os.path.dirname(name)
+        if not folder:
+            return True  # a plain name: libudev refuses to read through a link there
+        resolved = os.path.realpath(os.path.join(self.sys_path, folder))
+        if resolved.startswith("/sys/"):
+            return True
+        self._note(f"{name!a} leads out of /sys (to {resolved[:80]!a}); read as absent")
+        return False
 
     def parent(
         self, subsystem: str | None = None, device_type: str | None = None

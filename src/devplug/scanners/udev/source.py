@@ -11,11 +11,12 @@ the scan runner calls after each scanner to check that the process could still o
 from __future__ import annotations
 
 import errno
+import fnmatch
 import os
 import re
 import stat
 import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 
 import pyudev
 
@@ -53,6 +54,45 @@ def thread_context() -> pyudev.Context:
         context = pyudev.Context()
         _per_thread.context = context
     return context
+
+
+# Whether a kernel name is one a scanner asked for.
+NameMatcher = Callable[[str], bool]
+
+
+def name_matcher(sys_name: str | re.Pattern[str] | None) -> NameMatcher | None:
+    """The test ``UdevSource.devices`` applies for ``sys_name`` (None: every name).
+
+    A string is a glob as libudev's sysname match reads it (pyudev's ``sys_name=``), so an
+    exact name matches itself; a compiled pattern must match the whole name.
+    """
+    if sys_name is None:
+        return None
+    if isinstance(sys_name, re.Pattern):
+        if not isinstance(sys_name.pattern, str):
+            raise TypeError("sys_name: a bytes pattern never matches a kernel name; use a str one")
+        return lambda name: sys_name.fullmatch(name) is not None
+    if not isinstance(sys_name, str):
+        raise TypeError(
+            "sys_name must be a kernel name or glob (str, e.g. 'card[0-9]*') or a compiled "
+            f"regular expression (re.compile(...)), got {type(sys_name).__name__}"
+        )
+    if not sys_name or "/" in sys_name or "\0" in sys_name:
+        raise ValueError(
+            f"sys_name {sys_name!r} matches no device: kernel names are non-empty and hold no "
+            "'/' or NUL; pass None for every name"
+        )
+    if not any(c in sys_name for c in "*?["):
+        return lambda name: name == sys_name
+    glob = re.compile(fnmatch.translate(sys_name))
+    return lambda name: glob.match(name) is not None
+
+
+def _check_subsystem(subsystem: object) -> None:
+    if not isinstance(subsystem, str):
+        raise TypeError(f"subsystem must be a str, got {type(subsystem).__name__}")
+    if not subsystem or "/" in subsystem or "\0" in subsystem or subsystem in (".", ".."):
+        raise ValueError(f"not a subsystem name: {subsystem!r}")
 
 
 def _unavailable(what: str, exc: OSError) -> SourceUnavailable:
@@ -95,13 +135,18 @@ class UdevSource:
         self,
         subsystem: str | None = None,
         properties: Mapping[str, str] | None = None,
-        sys_name: re.Pattern[str] | None = None,
+        sys_name: str | re.Pattern[str] | None = None,
     ) -> Iterator[UdevDevice]:
         """Devices of ``subsystem`` whose properties equal ``properties`` (all of them).
 
-        ``sys_name`` keeps devices whose kernel name matches it in full; with a subsystem it is
-        applied to directory entries before any device is opened (a drm class dir holds a
-        card's connectors too, which a GPU scan need not open).
+        ``sys_name`` keeps devices by kernel name: a string is a shell-style glob, as pyudev's
+        ``list_devices(sys_name=...)`` takes it (libudev matches it with fnmatch): ``card[0-9]*``,
+        or an exact name such as ``kvm``; a compiled regular expression must match the whole
+        name. With a subsystem it is applied to directory entries before any device is opened
+        (a drm class dir holds a card's connectors too, which a GPU scan need not open).
+
+        The arguments are checked here, not when the devices are first read: a bad one raises
+        TypeError or ValueError naming it.
 
         With a subsystem, devices are found by listing its class and bus directories, then
         opened one by one through libudev: the same set libudev's enumerator returns (a test
@@ -110,21 +155,30 @@ class UdevSource:
 
         A device whose sysfs path or name is not UTF-8 is skipped and noted in ``problems``.
         """
-        wanted = dict(properties or {})
+        if subsystem is not None:
+            _check_subsystem(subsystem)
+        return self._devices(subsystem, dict(properties or {}), name_matcher(sys_name))
+
+    def _devices(
+        self,
+        subsystem: str | None,
+        wanted: Mapping[str, str],
+        named: NameMatcher | None,
+    ) -> Iterator[UdevDevice]:
         if subsystem is None:
             enumerator = self._context.list_devices()
             for key, value in wanted.items():
                 enumerator = enumerator.match_property(key, value)
             found: Iterator[pyudev.Device] = iter(enumerator)
         else:
-            found = self._subsystem_devices(subsystem, sys_name)
+            found = self._subsystem_devices(subsystem, named)
         for device in found:
             if self._cancelled is not None and self._cancelled.is_set():
                 raise ScanCancelled("scan cancelled: the daemon is stopping")
             view = self._view(device)
             if view is None:
                 continue
-            if sys_name is not None and not sys_name.fullmatch(view.sys_name):
+            if named is not None and not named(view.sys_name):
                 continue
             if subsystem is not None and any(view.property(k) != v for k, v in wanted.items()):
                 continue
@@ -142,18 +196,14 @@ class UdevSource:
         return UdevDevice(device, self.problems)
 
     def _subsystem_devices(
-        self, subsystem: str, sys_name: re.Pattern[str] | None = None
+        self, subsystem: str, named: NameMatcher | None = None
     ) -> Iterator[pyudev.Device]:
-        if not subsystem or "/" in subsystem or "\0" in subsystem or subsystem in (".", ".."):
-            raise ValueError(f"not a subsystem name: {subsystem!r}")
         seen: set[str] = set()
         for directory in (f"/sys/class/{subsystem}", f"/sys/bus/{subsystem}/devices"):
             try:
                 with os.scandir(directory) as entries:
                     paths = sorted(
-                        entry.path
-                        for entry in entries
-                        if sys_name is None or sys_name.fullmatch(entry.name)
+                        entry.path for entry in entries if named is None or named(entry.name)
                     )
             except OSError as exc:
                 if exc.errno in GONE_ERRNOS:
