@@ -502,15 +502,43 @@ async def test_wait_for_update_times_out_without_a_matching_list(
         session = kubelet.sessions[RESOURCE]
         plugin.send(device("d0"))
         started = time.monotonic()
-        with pytest.raises(TimeoutError):
+        with pytest.raises(TimeoutError) as waited:
             await session.wait_for_update(lambda d: "d1" in d, timeout=0.3)
         elapsed = time.monotonic() - started
         assert 0.25 <= elapsed < 2
         assert len(session.updates) == 1  # a list did arrive; it just did not match
-        with pytest.raises(TimeoutError):
+        # The error says what was awaited and what came (no in-test daemon here to quote).
+        assert str(waited.value).startswith(
+            f"timed out after 0.3 s waiting for a ListAndWatch list of {RESOURCE} matching "
+            "<lambda> at test_simulator.py:"
+        )
+        assert str(waited.value).endswith(": got 1 lists, the last with 1 devices (d0)")
+        with pytest.raises(TimeoutError, match=r"list of \S+ \(list 2 or later\): got 1 lists"):
             await session.wait_for_update(after=1, timeout=0.1)
         # A list that matches within the timeout is returned.
         plugin.send(device("d0"), device("d1"))
         listed = await session.wait_for_update(lambda d: "d1" in d, timeout=2)
         assert set(listed) == {"d0", "d1"}
         assert not session.stream_ended.is_set()
+
+
+async def test_waiting_for_a_refused_plugin_says_why_it_was_refused(
+    kubelet: KubeletSimulator, kubelet_dir: Path
+) -> None:
+    async with serving(kubelet_dir / "p.sock", RecordingPlugin()):
+        await refused(kubelet_dir, endpoint="p.sock", version="v1alpha")
+        await refused(kubelet_dir, endpoint="missing.sock")
+        with pytest.raises(TimeoutError) as waited:
+            await kubelet.wait_for_plugin(RESOURCE, timeout=0.1)
+        assert str(waited.value) == (
+            f"timed out after 0.1 s waiting for {RESOURCE} to register with the kubelet "
+            f"simulator in {kubelet_dir} (kubelet generation 0): 2 Register calls named it, the "
+            f"last: generation 0: refused: {kubelet.registrations[0].error}; generation 0: "
+            f"refused: {kubelet.registrations[1].error}"
+        )
+        with pytest.raises(TimeoutError) as counted:
+            await kubelet.wait_for_registrations(3, timeout=0.1)
+        assert str(counted.value) == (
+            f"timed out after 0.1 s waiting for 3 Register calls to the kubelet simulator in "
+            f"{kubelet_dir}: got 2, the last: {RESOURCE} refused; {RESOURCE} refused"
+        )

@@ -23,6 +23,7 @@ from devplug.kubelet.server import ServerTiming
 from devplug.model import DeviceInfo, DeviceTree
 from devplug.scanners.base import Scanner
 from devplug.scanners.udev import UdevMonitor, UdevSource
+from devplug.testing.daemon_log import recording
 
 # Short waits so tests finish quickly; the logic is the same as on a node.
 FAST_TIMING = ServerTiming(
@@ -86,23 +87,27 @@ async def running_daemon(
 ) -> AsyncIterator[Daemon]:
     """Start the daemon, wait for its first scan, yield it; stop it (and check it stopped) after.
 
+    While it runs, its last warnings and errors are kept: a wait of the kubelet simulator (or
+    ``eventually``) that times out quotes them.
+
     ``monitor_opener`` replaces how the udev monitor is opened (to test its failures);
     ``config_loader`` is what a reload (``daemon.request_reload()``, SIGHUP) reads.
     """
     daemon = Daemon(
         settings, scanners, timing, monitor_opener=monitor_opener, config_loader=config_loader
     )
-    task = asyncio.create_task(daemon.run(), name="devplug-daemon")
-    first = asyncio.create_task(daemon.first_scan_done.wait())
-    try:
-        done, _ = await asyncio.wait({task, first}, return_when=asyncio.FIRST_COMPLETED)
-        if task in done:
-            task.result()  # the daemon failed during start-up: raise its error here
-        yield daemon
-    finally:
-        first.cancel()
-        daemon.request_stop()
-        await task
+    with recording():  # what it logs as a problem, for the simulator's waits to quote
+        task = asyncio.create_task(daemon.run(), name="devplug-daemon")
+        first = asyncio.create_task(daemon.first_scan_done.wait())
+        try:
+            done, _ = await asyncio.wait({task, first}, return_when=asyncio.FIRST_COMPLETED)
+            if task in done:
+                task.result()  # the daemon failed during start-up: raise its error here
+            yield daemon
+        finally:
+            first.cancel()
+            daemon.request_stop()
+            await task
 
 
 @contextlib.asynccontextmanager

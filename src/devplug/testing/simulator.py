@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import os
 import stat
 import time
@@ -36,6 +37,8 @@ from devplug.kubelet.registration import API_VERSION, CHECKPOINT_FILE, KUBELET_S
 from devplug.kubelet.wire import container_allocation
 from devplug.model import ContainerAllocation
 from devplug.naming import resource_name_problem
+from devplug.testing.daemon_log import daemon_note
+from devplug.testing.waiting import describe_callable, waiting_for
 
 T = TypeVar("T")
 
@@ -43,6 +46,9 @@ T = TypeVar("T")
 DIAL_TIMEOUT_S = 10.0
 DEFAULT_WAIT_S = 10.0
 OPTIONS_TIMEOUT_S = 30.0
+# How much of what it saw a timed-out wait quotes.
+SHOWN_IDS = 10
+SHOWN_REGISTRATIONS = 3
 
 
 class _Refused(Exception):
@@ -162,15 +168,27 @@ class PluginSession:
                     return listed
             return None
 
-        async with asyncio.timeout(timeout), self._changed:
+        wanted = f"a ListAndWatch list of {self.resource}"
+        if after:
+            wanted += f" (list {after + 1} or later)"
+        if predicate is not None:
+            wanted += f" matching {describe_callable(predicate)}"
+        async with waiting_for(timeout, wanted, self._lists_seen), self._changed:
             while (hit := found()) is None:
                 if self.stream_ended.is_set():
                     raise AssertionError(
                         f"{self.resource}: ListAndWatch ended ({self.stream_error or 'OK'}) "
-                        f"before a matching list; got {len(self.updates)} lists"
+                        f"before {wanted}; {self._lists_seen()}{daemon_note()}"
                     )
                 await self._changed.wait()
             return hit
+
+    def _lists_seen(self) -> str:
+        if not self.updates:
+            return "got no list"
+        ids = list(self.latest)
+        shown = ", ".join(ids[:SHOWN_IDS]) + (", ..." if len(ids) > SHOWN_IDS else "")
+        return f"got {len(self.updates)} lists, the last with {len(ids)} devices ({shown})"
 
     async def get_options(self) -> PluginOptions:
         got = await _call(lambda: self.stub.GetDevicePluginOptions(pb.Empty()))
@@ -401,17 +419,43 @@ class KubeletSimulator:
                 return session
             return None
 
-        async with asyncio.timeout(timeout), self._changed:
+        what = f"{resource} to register with the kubelet simulator in {self.directory}"
+        what += f" (kubelet generation {wanted}{', a new session' if replacing else ''})"
+        seen = functools.partial(self._registrations_of, resource)
+        async with waiting_for(timeout, what, seen), self._changed:
             while (session := ready()) is None:
                 await self._changed.wait()
             return session
+
+    def _registrations_of(self, resource: str) -> str:
+        """What the simulator saw of ``resource``'s registrations, for a failed wait."""
+        mine = [r for r in self.registrations if r.resource == resource]
+        if not mine:
+            known = sorted({r.resource for r in self.registrations})
+            return f"no Register call named it (Register calls: {', '.join(known) or 'none'})"
+        verdicts = [
+            f"generation {r.generation}: " + ("accepted" if r.accepted else f"refused: {r.error}")
+            for r in mine[-SHOWN_REGISTRATIONS:]
+        ]
+        return f"{len(mine)} Register calls named it, the last: " + "; ".join(verdicts)
 
     async def wait_for_registrations(
         self, count: int, *, timeout: float | None = DEFAULT_WAIT_S
     ) -> list[Registration]:
         """Wait until at least ``count`` Register calls have been answered (``timeout`` None:
         as long as it takes)."""
-        async with asyncio.timeout(timeout), self._changed:
+
+        def seen() -> str:
+            verdicts = [
+                f"{r.resource} {'accepted' if r.accepted else 'refused'}"
+                for r in self.registrations[-SHOWN_REGISTRATIONS:]
+            ]
+            return f"got {len(self.registrations)}" + (
+                f", the last: {'; '.join(verdicts)}" if verdicts else ""
+            )
+
+        what = f"{count} Register calls to the kubelet simulator in {self.directory}"
+        async with waiting_for(timeout, what, seen), self._changed:
             while len(self.registrations) < count:
                 await self._changed.wait()
             return list(self.registrations)
