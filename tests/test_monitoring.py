@@ -8,16 +8,22 @@ dashboard's panels and the alerts.
 
 from __future__ import annotations
 
+import asyncio
 import json
+import platform
 import re
 import shutil
 import subprocess
+import urllib.request
 from pathlib import Path
 from typing import Any
 
+import grpc
 import pytest
 import yaml
+from prometheus_client.parser import text_string_to_metric_families
 
+from devplug import __version__
 from devplug.model import DeviceInfo, DeviceTree
 from devplug.ops.metrics import Metrics
 from devplug.testing import KubeletSimulator, daemon_settings, running_daemon
@@ -28,6 +34,8 @@ RULES = ROOT / "deploy" / "prometheus" / "devplug-rules.yaml"
 RULE_TESTS = ROOT / "deploy" / "prometheus" / "devplug-rules.test.yaml"
 DASHBOARD = ROOT / "deploy" / "grafana" / "devplug-dashboard.json"
 OPERATIONS = ROOT / "docs" / "operations.md"
+PODMONITOR = ROOT / "deploy" / "prometheus" / "podmonitor.yaml"
+KUBE = ROOT / "deploy" / "kubernetes"
 
 # Grafana's variables, replaced by what they stand for to give promtool plain PromQL.
 GRAFANA_VARIABLES = {"$__rate_interval": "5m", "$job": ".*", "$instance": ".*"}
@@ -94,8 +102,30 @@ def test_the_alerts_cover_what_operators_need() -> None:
         "DevplugDevicesHeldBack",
         "DevplugScanErrors",
         "DevplugListNearLimit",
+        "DevplugDown",
+        "DevplugAbsent",
+        "DevplugPodsUnavailable",
     }
     assert wanted <= set(alert_names())
+
+
+def test_the_down_alerts_name_the_job_the_podmonitor_gives() -> None:
+    """DevplugDown and DevplugAbsent read `up{job="devplug"}`: the PodMonitor must scrape the
+    DaemonSet's pods on its metrics port and call their job that."""
+    monitor = yaml.safe_load(PODMONITOR.read_text())
+    daemonset = yaml.safe_load((KUBE / "base" / "daemonset.yaml").read_text())
+    kustomization = yaml.safe_load((KUBE / "base" / "kustomization.yaml").read_text())
+    pod_labels = daemonset["spec"]["template"]["metadata"]["labels"]
+    (container,) = daemonset["spec"]["template"]["spec"]["containers"]
+    spec = monitor["spec"]
+    assert spec["selector"]["matchLabels"].items() <= pod_labels.items()
+    assert spec["namespaceSelector"]["matchNames"] == [kustomization["namespace"]]
+    (endpoint,) = spec["podMetricsEndpoints"]
+    assert endpoint["port"] in {port["name"] for port in container["ports"]}
+    job = pod_labels[spec["jobLabel"]]
+    expressions = " ".join(rule_expressions())
+    assert f'up{{job="{job}"}}' in expressions
+    assert set(re.findall(r'up\{job="([^"]*)"\}', expressions)) == {job}
 
 
 def test_every_dashboard_query_is_valid_promql(tmp_path: Path) -> None:
@@ -171,3 +201,30 @@ async def test_a_failed_scan_counts_in_devplug_scan_failures_total(
         await daemon.rescan()
         exposition = daemon.metrics.exposition().decode()
     assert f'devplug_scan_failures_total{{scanner="{scanner.name}"}} 1.0' in exposition
+
+
+def fetch(url: str) -> str:
+    with urllib.request.urlopen(url, timeout=10) as response:
+        body: bytes = response.read()
+    return body.decode()
+
+
+async def test_build_info_names_the_versions_on_the_metrics_endpoint(
+    kubelet: KubeletSimulator, kubelet_dir: Path
+) -> None:
+    """What the dashboard's version table and a fleet's version count read: one series, 1."""
+    settings = daemon_settings(kubelet_dir, metrics_address="127.0.0.1:0")
+    scanner = StaticScanner({"example.com/serial": {"dev0": DeviceInfo()}})
+    async with running_daemon(settings, [scanner]) as daemon:
+        await (await kubelet.wait_for_plugin("example.com/serial")).wait_for_update()
+        assert daemon.http is not None
+        text = await asyncio.to_thread(fetch, f"http://127.0.0.1:{daemon.http.port}/metrics")
+    families = {family.name: family for family in text_string_to_metric_families(text)}
+    (sample,) = families["devplug_build_info"].samples
+    assert families["devplug_build_info"].type == "gauge"
+    assert sample.value == 1
+    assert sample.labels == {
+        "version": __version__,
+        "python": platform.python_version(),
+        "grpc": grpc.__version__,
+    }

@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import bisect
 import os
+import sys
 import time
 from collections import Counter as Tally
 from collections.abc import Iterator, Mapping, Sequence, Sized
 from typing import TYPE_CHECKING, Generic, TypeVar
 
+from devplug._version import __version__
 from devplug.model import DeviceMap, DeviceTree
 
 if TYPE_CHECKING:
@@ -62,6 +64,22 @@ class _Buckets:
 
 
 _S = TypeVar("_S", _Value, _Buckets)
+
+
+def _build_labels() -> tuple[str, str, str]:
+    """devplug's version and the Python and gRPC versions it runs on.
+
+    gRPC's version comes from its installed package's metadata: importing ``grpc`` is the
+    kubelet front's business (the layer contracts), and the metadata says the same.
+    """
+    from importlib import metadata
+
+    try:
+        grpc_version = metadata.version("grpcio")
+    except metadata.PackageNotFoundError:
+        grpc_version = "unknown"
+    python = ".".join(str(part) for part in sys.version_info[:3])
+    return __version__, python, grpc_version
 
 
 class _Family(Generic[_S]):
@@ -202,6 +220,13 @@ class Metrics:
             "4 MiB receive limit.",
             ["resource"],
         )
+        # Filled in at the first scrape: reading gRPC's package metadata is start-up time that
+        # nothing needs before someone scrapes.
+        self.build_info = _Gauge(
+            "devplug_build_info",
+            "devplug's version and the Python and gRPC versions it runs on (always 1).",
+            ["version", "python", "grpc"],
+        )
         self._held_labels: set[str] = set()
         self._device_labels: set[tuple[str, str]] = set()
         # resource -> (the device map last counted, its counts by health)
@@ -274,8 +299,11 @@ class Metrics:
 
     def collect(self) -> Iterator[Metric]:
         """prometheus_client's Collector protocol: every family, in the order defined."""
+        if not self.build_info.series:
+            self.build_info.labels(*_build_labels()).set(1)
         return _families(
             [
+                self.build_info,
                 self.devices,
                 self.allocations,
                 self.registrations,
