@@ -1,18 +1,24 @@
 """``python -m devplug.testing kubelet DIR``: the kubelet stand-in a user runs beside
 ``devplug run``. A real child process, driven through its stdin, sees an in-process daemon
-register, list, answer Allocate, re-register after a restart, and stops on ``quit``."""
+register, list, answer Allocate, re-register after a restart, and stops on ``quit``; it reads
+lines of any length, and prints what a hostile plugin sends escaped."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import signal
 import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+import grpc
 import pytest
 
+from devplug._proto import deviceplugin_v1beta1_pb2 as pb
+from devplug._proto import deviceplugin_v1beta1_pb2_grpc as pb_grpc
+from devplug.kubelet.registration import API_VERSION
 from devplug.model import DeviceInfo, DeviceNode, Health
 from devplug.testing import daemon_settings, running_daemon
 from devplug.testing.harness import StaticScanner
@@ -117,3 +123,133 @@ async def test_json_lines_for_programs(console: Child, kubelet_dir: Path) -> Non
         assert answer["nodes"][0]["host_path"] == "/dev/null"
     console.process.send_signal(signal.SIGINT)
     assert await console.process.wait() == 0
+
+
+async def test_lines_of_any_length_are_read_and_quit_still_works(console: Child) -> None:
+    await console.line_starting("kubelet: serving")
+    # Longer than asyncio's 64 KiB readline limit, and than one read of stdin.
+    ids = " ".join(f"gpu{index}" for index in range(40_000))  # ~300 KB
+    await console.send(f"allocate example.com/none {ids}")
+    assert (await console.line()).startswith("error: example.com/none is not registered")
+    await console.send("x" * 200_000)
+    assert (await console.line()).startswith("commands: allocate RESOURCE")
+    await console.send("quit")
+    async with asyncio.timeout(30):  # a bound on a hang, not a latency assertion
+        assert await console.process.wait() == 0
+
+
+# What a hostile or broken plugin may send: line breaks that would start a forged line of the
+# console's own, and terminal escapes.
+FORGED = "\nregistered example.com/fake (fake.sock; preferred allocation: yes, pre-start: no)"
+ESC = "\x1b[2J\x1b[31m"
+PREFERRED = f"p0\r{ESC}"
+HOSTILE = "example.com/hostile"
+
+
+class HostilePlugin(pb_grpc.DevicePluginServicer):
+    async def GetDevicePluginOptions(
+        self, request: pb.Empty, context: grpc.aio.ServicerContext[pb.Empty, pb.DevicePluginOptions]
+    ) -> pb.DevicePluginOptions:
+        return pb.DevicePluginOptions(get_preferred_allocation_available=True)
+
+    async def ListAndWatch(
+        self,
+        request: pb.Empty,
+        context: grpc.aio.ServicerContext[pb.Empty, pb.ListAndWatchResponse],
+    ) -> AsyncIterator[pb.ListAndWatchResponse]:
+        yield pb.ListAndWatchResponse(devices=[pb.Device(ID=f"d0{FORGED}", health=f"Healthy{ESC}")])
+        await asyncio.Event().wait()  # the stream stays open until the console goes
+
+    async def Allocate(
+        self,
+        request: pb.AllocateRequest,
+        context: grpc.aio.ServicerContext[pb.AllocateRequest, pb.AllocateResponse],
+    ) -> pb.AllocateResponse:
+        if list(request.container_requests[0].devices_ids) == ["fail"]:
+            await context.abort(grpc.StatusCode.INTERNAL, f"broken{FORGED}")
+        answer = pb.ContainerAllocateResponse(
+            envs={"X": f"1{FORGED}"},
+            devices=[
+                pb.DeviceSpec(host_path=f"/dev/x{ESC}", container_path="/dev/x", permissions="rw")
+            ],
+        )
+        return pb.AllocateResponse(container_responses=[answer])
+
+    async def GetPreferredAllocation(
+        self,
+        request: pb.PreferredAllocationRequest,
+        context: grpc.aio.ServicerContext[
+            pb.PreferredAllocationRequest, pb.PreferredAllocationResponse
+        ],
+    ) -> pb.PreferredAllocationResponse:
+        answer = pb.ContainerPreferredAllocationResponse(deviceIDs=[PREFERRED])
+        return pb.PreferredAllocationResponse(container_responses=[answer])
+
+    async def PreStartContainer(
+        self,
+        request: pb.PreStartContainerRequest,
+        context: grpc.aio.ServicerContext[
+            pb.PreStartContainerRequest, pb.PreStartContainerResponse
+        ],
+    ) -> pb.PreStartContainerResponse:
+        return pb.PreStartContainerResponse()
+
+
+async def register(kubelet_dir: Path, resource: str, endpoint: str) -> None:
+    """A raw Register call; the console prints the verdict either way."""
+    async with grpc.aio.insecure_channel(f"unix://{kubelet_dir / 'kubelet.sock'}") as channel:
+        request = pb.RegisterRequest(version=API_VERSION, endpoint=endpoint, resource_name=resource)
+        with contextlib.suppress(grpc.aio.AioRpcError):
+            await pb_grpc.RegistrationStub(channel).Register(request, timeout=10)
+
+
+def shown(text: str) -> str:
+    """How the console prints plugin text: escaped, as in a Python literal."""
+    return (
+        text.replace("\\", "\\\\")
+        .replace("\n", "\\n")
+        .replace("\r", "\\r")
+        .replace("\x1b", "\\x1b")
+    )
+
+
+async def test_plugin_text_is_printed_escaped(console: Child, kubelet_dir: Path) -> None:
+    await console.line_starting("kubelet: serving")
+    seen: list[str] = []
+
+    async def next_line() -> str:
+        seen.append(await console.line())
+        return seen[-1]
+
+    # A refused name: the simulator's verdict quotes it.
+    await register(kubelet_dir, f"example.com/x{FORGED}", "none.sock")
+    refused = await next_line()
+    assert refused.startswith(f"refused {shown('example.com/x' + FORGED)}: ")
+
+    endpoint = f"p{ESC}.sock"
+    server = grpc.aio.server()
+    pb_grpc.add_DevicePluginServicer_to_server(HostilePlugin(), server)
+    server.add_insecure_port(f"unix://{kubelet_dir / endpoint}")
+    await server.start()
+    try:
+        await register(kubelet_dir, HOSTILE, endpoint)
+        assert await next_line() == (
+            f"registered {HOSTILE} ({shown(endpoint)}; preferred allocation: yes, pre-start: no)"
+        )
+        assert await next_line() == (
+            f"{HOSTILE}: 1 devices: {shown('d0' + FORGED)} {shown('Healthy' + ESC)}"
+        )
+        await console.send(f"allocate {HOSTILE} fail")
+        assert await next_line() == f"error: INTERNAL: {shown('broken' + FORGED)}"
+        await console.send(f"allocate {HOSTILE} d0")
+        assert await next_line() == (
+            f"{HOSTILE}: allocated; nodes {shown('/dev/x' + ESC)}:rw; env X={shown('1' + FORGED)}"
+        )
+        await console.send(f"preferred {HOSTILE} 1")
+        assert await next_line() == f"{HOSTILE}: preferred {shown(PREFERRED)}"
+        await console.send("quit")
+        assert await console.process.wait() == 0
+    finally:
+        await server.stop(None)
+    assert not any(line.startswith("registered example.com/fake") for line in seen)
+    assert not any(char in line for line in seen for char in "\x1b\r")

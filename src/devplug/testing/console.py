@@ -12,6 +12,11 @@ Lines typed on stdin ask what the kubelet would ask:
 - ``help``; ``quit`` (or SIGINT/SIGTERM) stops and removes ``kubelet.sock``.
 
 ``--output json`` prints each line as a JSON object instead, for programs.
+
+Everything a plugin sends (resource names, endpoints, device ids, health, answers, errors) is
+printed escaped: a control character, a line break or a backslash shows as a Python-style
+escape (``\\n``, ``\\x1b``, ``\\\\``), so a plugin cannot forge a line of its own or
+drive the terminal. Typed lines may be of any length.
 """
 
 from __future__ import annotations
@@ -38,6 +43,7 @@ from devplug.testing.simulator import (
 COMMANDS = (
     "allocate RESOURCE ID [ID ...] | preferred RESOURCE SIZE [ID ...] | list | restart | quit"
 )
+READ_CHUNK_BYTES = 64 * 1024
 
 
 class Console:
@@ -51,7 +57,11 @@ class Console:
         self._watchers: dict[int, asyncio.Task[None]] = {}
 
     def emit(self, text: str, **document: Any) -> None:
-        line = json.dumps({"event": document.pop("event"), **document}) if self.json else text
+        """Print one line: ``text``, escaped, or the JSON document (escaped by JSON itself)."""
+        if self.json:
+            line = json.dumps({"event": document.pop("event"), **document})
+        else:
+            line = escaped(text)
         print(line, file=self.out, flush=True)
 
     # ------------------------------------------------------------------ what the kubelet sees
@@ -148,6 +158,10 @@ class Console:
             self.emit(f"error: {exc}", event="error", code=exc.code, details=exc.details)
         except (ValueError, LookupError) as exc:
             self.emit(f"error: {exc}", event="error", details=str(exc))
+        except Exception as exc:
+            # Whatever one command runs into, the console keeps taking the next ones (quit).
+            details = f"{type(exc).__name__}: {exc}"
+            self.emit(f"error: {verb} failed: {details}", event="error", details=details)
 
     def _session(self, resource: str) -> PluginSession:
         session = self.kubelet.sessions.get(resource)
@@ -179,6 +193,31 @@ class Console:
             f"kubelet restarted: {self.kubelet.socket_path} is back; plugins must re-register",
             event="restarted",
         )
+
+
+# The escapes Python's repr uses for these; other unprintable characters get \\x, \\u or \\U.
+_NAMED_ESCAPES = {"\\": "\\\\", "\n": "\\n", "\r": "\\r", "\t": "\\t"}
+
+
+def escaped(text: str) -> str:
+    """``text`` with every character that is not printable (control characters, line and
+    paragraph separators, format characters such as bidi overrides) and the backslash written
+    as an escape; printable text, non-ASCII letters included, is kept as it is."""
+    if text.isprintable() and "\\" not in text:
+        return text
+    out: list[str] = []
+    for char in text:
+        if char in _NAMED_ESCAPES:
+            out.append(_NAMED_ESCAPES[char])
+        elif char.isprintable():
+            out.append(char)
+        elif ord(char) < 0x100:
+            out.append(f"\\x{ord(char):02x}")
+        elif ord(char) < 0x10000:
+            out.append(f"\\u{ord(char):04x}")
+        else:
+            out.append(f"\\U{ord(char):08x}")
+    return "".join(out)
 
 
 def _yes(flag: bool) -> str:
@@ -219,15 +258,30 @@ def _allocation_text(resource: str, answer: ContainerAllocation) -> str:
 
 
 async def _read_lines(console: Console) -> None:
-    """Commands from stdin; at its end, keep serving until a signal."""
+    """Commands from stdin, lines of any length; at its end, keep serving until a signal.
+
+    Not ``StreamReader.readline``: it gives up on a line longer than the reader's limit (64 KiB
+    by default) with an error that ends the loop, and an ``allocate`` of thousands of ids is
+    longer than that.
+    """
     loop = asyncio.get_running_loop()
     reader = asyncio.StreamReader()
     try:
         await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
     except (OSError, ValueError):  # stdin closed, or a file that cannot be watched
         return
-    while line := await reader.readline():
-        await console.run_command(line.decode(errors="replace"))
+    partial: list[bytes] = []  # the line read so far, in chunks (joined once, when it ends)
+    while chunk := await reader.read(READ_CHUNK_BYTES):
+        start = 0
+        while (end := chunk.find(b"\n", start)) != -1:
+            partial.append(chunk[start:end])
+            line = b"".join(partial)
+            partial.clear()
+            start = end + 1
+            await console.run_command(line.decode(errors="replace"))
+        partial.append(chunk[start:])
+    if any(partial):  # a last line without its newline
+        await console.run_command(b"".join(partial).decode(errors="replace"))
 
 
 async def serve_console(directory: Path, output: str) -> None:
