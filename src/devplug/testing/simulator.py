@@ -187,7 +187,7 @@ class PluginSession:
         if not self.updates:
             return "got no list"
         ids = list(self.latest)
-        shown = ", ".join(ids[:SHOWN_IDS]) + (", ..." if len(ids) > SHOWN_IDS else "")
+        shown = ", ".join(ids[:SHOWN_IDS]) + (", ..." if len(ids) > SHOWN_IDS else "") or "none"
         return f"got {len(self.updates)} lists, the last with {len(ids)} devices ({shown})"
 
     async def get_options(self) -> PluginOptions:
