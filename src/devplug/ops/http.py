@@ -1,16 +1,28 @@
 """A small HTTP endpoint on the event loop: ``/metrics``, ``/healthz``, ``/readyz``.
 
 prometheus_client's own server runs in threads; devplug keeps to one event loop, so this
-serves GET and HEAD of three fixed paths with asyncio streams. ``/healthz`` answers when the
-loop does (the handler runs on it); ``/readyz`` is 200 once every advertised resource is
-registered with the kubelet, 503 with the missing ones otherwise.
+serves GET and HEAD of three fixed paths over non-blocking sockets. ``/healthz`` answers when
+the loop does (the handler runs on it); ``/readyz`` is 200 once every advertised resource is
+registered with the kubelet, 503 with what is missing otherwise.
 
-The port is unauthenticated, so no client may starve the daemon through it: at most
-``MAX_CONNECTIONS`` connections are served at once, each cut after ``CONNECTION_TIMEOUT_S``,
-reading and writing included. Connections are accepted one at a time, and one that finds
-every slot taken is closed at once, before the next is accepted; the others wait in the
-kernel's listen backlog. So the descriptors the endpoint holds never exceed the cap plus the
-listening socket and one being closed, however many clients connect and however busy the loop.
+The port is unauthenticated and the kubelet's probes share it with whoever can reach it, so
+no client may starve the daemon, nor keep the probes from their answer:
+
+- a request's headers must arrive within ``REQUEST_TIMEOUT_S`` of the accept, in total (a
+  byte now and then does not extend it), and the whole exchange within
+  ``CONNECTION_TIMEOUT_S``;
+- at most ``MAX_CONNECTIONS`` connections are open at once, and at most ``MAX_PER_PEER``
+  from one address;
+- a connection that finds its address's share or every slot taken does not wait: it takes
+  the slot of the oldest connection still sending its request, from its own address if
+  that is the limit hit, else from the address holding the most. A probe sends its whole
+  request at once and is answered from the first read, so it is never the one still
+  sending; a client that trickles is, and is closed in its place. Only when every slot is
+  answering (milliseconds each) is a new connection closed unserved.
+
+Connections are accepted one at a time, and the loop turns once between accepts, so a closed
+one gives its descriptor back before the next is taken: the descriptors the endpoint holds
+stay within the cap plus a few, however many clients connect.
 """
 
 from __future__ import annotations
@@ -18,11 +30,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import socket
+import time
+from collections import Counter
 from collections.abc import Callable
+from dataclasses import dataclass, field
 
 import structlog
-
-from devplug._kits.problems import ProblemLog
 
 log = structlog.get_logger("devplug.http")
 
@@ -30,8 +43,32 @@ MAX_HEADER_BYTES = 8192
 # A scrape or a probe takes milliseconds; a client holding a connection longer is idle or
 # hostile. The whole exchange (request, answer, close) must fit in this.
 CONNECTION_TIMEOUT_S = 5.0
+# The kubelet and Prometheus send their request in one write right after connecting.
+REQUEST_TIMEOUT_S = 2.0
 # Prometheus and the kubelet's probes open one connection each at a time.
 MAX_CONNECTIONS = 32
+# One address (a pod, or every local client under systemd) holds at most this many.
+MAX_PER_PEER = 8
+# Connections waiting in the kernel cost the daemon no descriptor; a deep queue lets a
+# probe that arrives in a burst of connections wait there rather than be dropped.
+LISTEN_BACKLOG = 128
+
+
+class _BadRequest(Exception):
+    """The client sent more header bytes than allowed, or closed before the end."""
+
+
+@dataclass(eq=False, slots=True)
+class _Connection:
+    sock: socket.socket
+    peer: str  # the client's address (IP), without the port
+    accepted_at: float
+    # True until the request's headers are all in: until then the connection may be evicted.
+    reading: bool = True
+    task: asyncio.Task[None] | None = field(default=None, repr=False)
+
+    def close(self) -> None:
+        self.sock.close()  # idempotent
 
 
 class StatusEndpoint:
@@ -43,19 +80,28 @@ class StatusEndpoint:
         not_ready: Callable[[], list[str]],
         *,
         max_connections: int = MAX_CONNECTIONS,
+        max_per_peer: int = MAX_PER_PEER,
         timeout_s: float = CONNECTION_TIMEOUT_S,
+        request_timeout_s: float = REQUEST_TIMEOUT_S,
     ) -> None:
         self.host, self.port = host, port
         self._metrics = metrics
         self._not_ready = not_ready
         self._listener: socket.socket | None = None
         self._accepting: asyncio.Task[None] | None = None
-        self._serving: set[asyncio.Task[None]] = set()
+        self._connections: set[_Connection] = set()
         self.max_connections = max_connections
+        self.max_per_peer = min(max_per_peer, max_connections)
         self.timeout_s = timeout_s
-        self.active = 0  # connections being served now
-        self.refused = 0  # connections closed at once because ``max_connections`` were open
-        self._capped = ProblemLog()
+        self.request_timeout_s = min(request_timeout_s, timeout_s)
+        self.evicted = 0  # connections closed mid-request to make room for a new one
+        self.refused = 0  # new connections closed unserved: every slot was answering
+        self._capped = False  # an episode of connections at the cap is under way
+
+    @property
+    def active(self) -> int:
+        """Connections open now (being read or answered)."""
+        return len(self._connections)
 
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
@@ -66,7 +112,7 @@ class StatusEndpoint:
         try:
             listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             listener.bind(address)
-            listener.listen(self.max_connections)
+            listener.listen(LISTEN_BACKLOG)
             listener.setblocking(False)
         except OSError:
             listener.close()
@@ -83,84 +129,141 @@ class StatusEndpoint:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._accepting
             self._accepting = None
-        for task in list(self._serving):
+        tasks = [c.task for c in self._connections if c.task is not None]
+        for task in tasks:
             task.cancel()
-        if self._serving:
-            await asyncio.gather(*self._serving, return_exceptions=True)
+        if tasks:
+            await asyncio.gather(*tasks, return_exceptions=True)
+        for connection in list(self._connections):
+            connection.close()
+        self._connections.clear()
         if self._listener is not None:
             self._listener.close()
             self._listener = None
 
+    # ------------------------------------------------------------------ admission
+
     async def _accept_loop(self) -> None:
-        """Accept one connection at a time: serve it if a slot is free, else close it at once,
-        here, before the next accept (so a closed one holds its fd for microseconds, and a
-        busy loop never piles up accepted connections waiting for a handler)."""
         assert self._listener is not None
         loop = asyncio.get_running_loop()
         while True:
             try:
-                connection, _ = await loop.sock_accept(self._listener)
+                sock, address = await loop.sock_accept(self._listener)
             except OSError as exc:  # EMFILE and the like: try again shortly
                 log.warning("http.accept.failed", reason=str(exc))
                 await asyncio.sleep(0.1)
                 continue
-            if self.active >= self.max_connections:
-                connection.close()
+            sock.setblocking(False)
+            peer = str(address[0]) if isinstance(address, tuple) else str(address)
+            if self._make_room(peer):
+                self._serve_connection(sock, peer)
+            else:
+                sock.close()
                 self.refused += 1
-                self._capped.report(
-                    log,
-                    "http.connections.capped",
-                    f"{self.max_connections} connections open",
-                    level="warning",
-                    field="state",
-                    consequence="new connections are closed until some end",
-                )
-                continue
-            if self._capped.solved():
-                log.info("http.connections.below_cap", refused=self.refused)
-            self.active += 1  # counted here: the next accept must see it
-            task = asyncio.create_task(self._serve(connection))
-            self._serving.add(task)
-            task.add_done_callback(self._serving.discard)
+            # One turn of the loop: an evicted connection's task closes its socket, and the
+            # new one reads its request, before the next accept.
+            await asyncio.sleep(0)
 
-    async def _serve(self, connection: socket.socket) -> None:
-        try:
-            reader, writer = await asyncio.open_connection(sock=connection, limit=MAX_HEADER_BYTES)
-        except OSError:
-            connection.close()
-            self.active -= 1
-            return
-        try:
-            await self._handle(reader, writer)
-        finally:
-            self.active -= 1
+    def _make_room(self, peer: str) -> bool:
+        """Free a slot for a new connection from ``peer`` if it needs one; False if none
+        can be freed (every candidate is being answered)."""
+        from_peer = [c for c in self._connections if c.peer == peer]
+        if len(from_peer) >= self.max_per_peer:
+            return self._evict(_oldest_reading(from_peer))
+        if len(self._connections) >= self.max_connections:
+            return self._evict(self._victim())
+        return True
 
-    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    def _victim(self) -> _Connection | None:
+        """The oldest connection still sending its request, of the address holding most."""
+        held = Counter(c.peer for c in self._connections)
+        for peer, _ in held.most_common():
+            victim = _oldest_reading([c for c in self._connections if c.peer == peer])
+            if victim is not None:
+                return victim
+        return None
+
+    def _evict(self, victim: _Connection | None) -> bool:
+        if not self._capped:
+            # Once per episode (until every connection is gone): a client that keeps the
+            # endpoint at its cap would otherwise write a line per connection.
+            self._capped = True
+            log.warning(
+                "http.connections.capped",
+                max_connections=self.max_connections,
+                max_per_peer=self.max_per_peer,
+                consequence=(
+                    "each new connection closes the oldest one still sending its request, "
+                    "or is closed itself when none is"
+                ),
+            )
+        if victim is None:
+            return False
+        self._connections.discard(victim)  # its slot is the new one's from now on
+        if victim.task is not None:
+            victim.task.cancel()  # the task closes the socket once asyncio has let go of it
+        else:
+            victim.close()
+        self.evicted += 1
+        return True
+
+    def _serve_connection(self, sock: socket.socket, peer: str) -> None:
+        connection = _Connection(sock, peer, time.monotonic())
+        self._connections.add(connection)
+        task = asyncio.create_task(self._serve(connection), name=f"http:{peer}")
+        connection.task = task
+        # A task cancelled before it ever ran skips its own clean-up: this covers it.
+        task.add_done_callback(lambda _: self._finished(connection))
+
+    def _finished(self, connection: _Connection) -> None:
+        self._connections.discard(connection)
+        connection.close()
+        if self._capped and not self._connections:
+            self._capped = False
+            log.info("http.connections.below_cap", evicted=self.evicted, refused=self.refused)
+
+    # ------------------------------------------------------------------ one exchange
+
+    async def _serve(self, connection: _Connection) -> None:
+        loop = asyncio.get_running_loop()
+        sock = connection.sock
         try:
             async with asyncio.timeout(self.timeout_s):
-                request = await reader.readuntil(b"\r\n\r\n")
+                request = await self._read_request(loop, sock)
+                connection.reading = False
                 method, path = _request_line(request)
                 status, content_type, body = self._answer(method, path)
                 head = (
                     f"HTTP/1.1 {status}\r\nContent-Type: {content_type}\r\n"
                     f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
                 ).encode()
-                writer.write(head if method == "HEAD" else head + body)
-                await writer.drain()
-                writer.close()
-                await writer.wait_closed()
-        except (
-            TimeoutError,
-            ConnectionError,
-            asyncio.IncompleteReadError,
-            asyncio.LimitOverrunError,
-        ):
-            # A client that sends nothing sensible, or does not read, gets nothing more; abort
-            # drops whatever is still buffered for it at once.
-            writer.transport.abort()
-        except asyncio.CancelledError:
-            writer.transport.abort()  # shutting down
-            raise
+                await loop.sock_sendall(sock, head if method == "HEAD" else head + body)
+                with contextlib.suppress(OSError):
+                    sock.shutdown(socket.SHUT_WR)
+        except (TimeoutError, OSError, _BadRequest):
+            # A client that sends nothing sensible, or does not read, gets nothing more.
+            pass
+        finally:
+            # Cancelled (evicted, shutting down) or done: asyncio has removed the socket from
+            # its selector by now (a cancelled read's clean-up runs before the task resumes),
+            # so closing cannot hit a descriptor number reused since.
+            self._finished(connection)
+
+    async def _read_request(self, loop: asyncio.AbstractEventLoop, sock: socket.socket) -> bytes:
+        """The request's head, up to its blank line; within ``request_timeout_s`` in total."""
+        data = bytearray()
+        async with asyncio.timeout(self.request_timeout_s):
+            while True:
+                chunk = await loop.sock_recv(sock, 4096)
+                if not chunk:
+                    raise _BadRequest("closed before the end of the request")
+                searched_from = max(len(data) - 3, 0)
+                data += chunk
+                end = data.find(b"\r\n\r\n", searched_from)
+                if end >= 0:
+                    return bytes(data[: end + 4])
+                if len(data) > MAX_HEADER_BYTES:
+                    raise _BadRequest(f"request headers over {MAX_HEADER_BYTES} bytes")
 
     def _answer(self, method: str, path: str) -> tuple[str, str, bytes]:
         if method not in ("GET", "HEAD"):
@@ -178,9 +281,14 @@ class StatusEndpoint:
             missing = self._not_ready()
             if not missing:
                 return "200 OK", "text/plain; charset=utf-8", b"ready\n"
-            text = "not ready: " + ", ".join(missing) + "\n"
+            text = "not ready: " + "; ".join(missing) + "\n"
             return "503 Service Unavailable", "text/plain; charset=utf-8", text.encode()
         return "404 Not Found", "text/plain; charset=utf-8", b"/metrics, /healthz or /readyz\n"
+
+
+def _oldest_reading(connections: list[_Connection]) -> _Connection | None:
+    reading = [c for c in connections if c.reading]
+    return min(reading, key=lambda c: c.accepted_at) if reading else None
 
 
 def _request_line(request: bytes) -> tuple[str, str]:

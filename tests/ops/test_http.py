@@ -1,0 +1,233 @@
+"""The metrics port answers the kubelet's probes whatever other clients do (issue 25, item 4).
+
+Hostile clients here trickle: they connect, send a byte now and then, never end their
+request, and connect again as soon as they are closed. The probes are sent as the kubelet
+sends them (the whole request in one write) and wait as long as its ``timeoutSeconds`` (5 s).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from devplug.ops.http import MAX_CONNECTIONS, MAX_PER_PEER, StatusEndpoint
+from devplug.testing import daemon_process, eventually
+
+PROBE = (
+    b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1:9400\r\nUser-Agent: kube-probe/1.31\r\n"
+    b"Accept: */*\r\nConnection: close\r\n\r\n"
+)
+PROBE_TIMEOUT_S = 5.0  # the DaemonSet's timeoutSeconds
+TRICKLE_INTERVAL_S = 0.5
+
+
+def listening_port(log: Path) -> int | None:
+    """The port the daemon's metrics endpoint took (``http.listening`` in its log)."""
+    for line in log.read_text().splitlines():
+        if '"http.listening"' in line:
+            return int(json.loads(line)["address"].rsplit(":", 1)[1])
+    return None
+
+
+async def probe(port: int, source: str = "127.0.0.1") -> int | None:
+    """The HTTP status the kubelet would see; None for no answer (closed, or too late)."""
+    try:
+        async with asyncio.timeout(PROBE_TIMEOUT_S):
+            reader, writer = await asyncio.open_connection(
+                "127.0.0.1", port, local_addr=(source, 0)
+            )
+            try:
+                writer.write(PROBE)
+                answer = await reader.read()
+            finally:
+                writer.close()
+    except (OSError, TimeoutError):
+        return None
+    head = answer.split(b"\r\n", 1)[0].split(b" ")
+    return int(head[1]) if len(head) >= 2 and head[0].startswith(b"HTTP/") else None
+
+
+class Trickle:
+    """Clients that each hold a connection open with a byte now and then, forever."""
+
+    def __init__(self, port: int) -> None:
+        self.port = port
+        self.opened = 0  # connections the server accepted (it may close them at once)
+        self._tasks: list[asyncio.Task[None]] = []
+
+    def start(self, sources: list[str], per_source: int) -> None:
+        for source in sources:
+            for _ in range(per_source):
+                self._tasks.append(asyncio.create_task(self._client(source)))
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    async def _client(self, source: str) -> None:
+        while True:
+            try:
+                reader, writer = await asyncio.open_connection(
+                    "127.0.0.1", self.port, local_addr=(source, 0)
+                )
+            except OSError:
+                await asyncio.sleep(0.05)
+                continue
+            self.opened += 1
+            try:
+                writer.write(b"GET /healthz HTTP/1.1\r\nX-Slow: ")
+                while True:
+                    await writer.drain()
+                    with contextlib.suppress(TimeoutError):
+                        async with asyncio.timeout(TRICKLE_INTERVAL_S):
+                            await reader.read(1)  # only ever EOF (or a reset): closed
+                            break
+                    writer.write(b"x")
+            except OSError:
+                pass
+            finally:
+                writer.close()
+            await asyncio.sleep(0.05)  # and straight back
+
+
+@pytest.fixture
+def trickle_sources() -> list[str]:
+    """Loopback addresses standing for other pods (Linux routes all of 127/8 to lo)."""
+    return [f"127.0.0.{n}" for n in range(2, 10)]
+
+
+async def test_probes_are_answered_while_96_slow_clients_trickle(
+    short_dir: Path, kubelet_dir: Path, tmp_path: Path, trickle_sources: list[str]
+) -> None:
+    """96 trickling clients from eight addresses (three times the connection cap, and more
+    than each address's share) keep the port at its caps for the whole run; every one of 30
+    probes from the kubelet's own address is answered 200 all the same."""
+    config = short_dir / "config.yaml"
+    config.write_text(
+        "metrics_address: 127.0.0.1:0\nhotplug: {source: none}\nscanners:\n  generic:\n"
+        "    - {resource: example.com/mem, match: {subsystem: mem, devnode: /dev/null}}\n"
+    )
+    per_source = 12
+    assert per_source > MAX_PER_PEER and per_source * len(trickle_sources) > 2 * MAX_CONNECTIONS
+    log = tmp_path / "run.log"
+    async with daemon_process(config, kubelet_dir, output=log) as process:
+        await eventually(lambda: listening_port(log) is not None, 60, what="http.listening")
+        port = listening_port(log)
+        assert port is not None and await probe(port) == 200
+        trickle = Trickle(port)
+        trickle.start(trickle_sources, per_source)
+        try:
+            # Every client has connected, and the server is closing some to admit others.
+            await eventually(lambda: trickle.opened >= 2 * per_source * len(trickle_sources), 30)
+            answers = []
+            for _ in range(30):
+                answers.append(await probe(port))
+                await asyncio.sleep(0.1)
+        finally:
+            await trickle.stop()
+        assert process.returncode is None
+    assert answers == [200] * 30, f"{answers.count(200)} of 30 probes answered"
+
+
+# ---------------------------------------------------------------------------- the policy
+
+
+@contextlib.asynccontextmanager
+async def endpoint(**limits: float) -> AsyncIterator[StatusEndpoint]:
+    served = StatusEndpoint("127.0.0.1", 0, lambda: b"", list, **limits)  # type: ignore[arg-type]
+    await served.start()
+    try:
+        yield served
+    finally:
+        await served.close()
+
+
+async def partial(port: int, source: str) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    """A connection that has sent part of a request."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port, local_addr=(source, 0))
+    writer.write(b"GET /healthz HTTP/1.1\r\n")
+    await writer.drain()
+    return reader, writer
+
+
+async def closed_by_server(reader: asyncio.StreamReader, within_s: float = 0.2) -> bool:
+    """True if the server closes the connection within ``within_s``."""
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(within_s):
+            try:
+                return await reader.read(1) == b""
+            except ConnectionResetError:
+                return True
+    return False
+
+
+async def opened_in_order(
+    served: StatusEndpoint, port: int, sources: list[str]
+) -> list[tuple[asyncio.StreamReader, asyncio.StreamWriter]]:
+    """Partial connections from ``sources``, each one served before the next is opened."""
+    connections = []
+    for source in sources:
+        connections.append(await partial(port, source))
+        count = len(connections)
+        await eventually(
+            lambda count=count: served.active == count,  # type: ignore[misc]
+            what=f"{count} connections served",
+        )
+    return connections
+
+
+def close_all(connections: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]]) -> None:
+    for _, writer in connections:
+        writer.close()
+
+
+async def test_at_an_addresss_share_its_oldest_sender_makes_room() -> None:
+    """Under systemd every client is 127.0.0.1: a probe from there still gets its answer, in
+    place of the oldest connection of that address that has not finished its request."""
+    async with endpoint(max_connections=8, max_per_peer=3) as served:
+        port = served.port
+        held = await opened_in_order(served, port, ["127.0.0.1"] * 3)
+        try:
+            assert await probe(port) == 200
+            oldest, *others = held
+            assert await closed_by_server(oldest[0])
+            assert not any([await closed_by_server(reader) for reader, _ in others])
+            assert served.evicted == 1 and served.refused == 0
+        finally:
+            close_all(held)
+
+
+async def test_at_the_cap_the_address_holding_most_gives_way() -> None:
+    """A pod holding most of the slots loses its oldest one; another pod's slow connection
+    (older still) and the probe's address keep theirs."""
+    async with endpoint(max_connections=4, max_per_peer=4) as served:
+        port = served.port
+        held = await opened_in_order(
+            served, port, ["127.0.0.3", "127.0.0.2", "127.0.0.2", "127.0.0.2"]
+        )
+        try:
+            assert await probe(port, "127.0.0.1") == 200
+            closed = [await closed_by_server(reader) for reader, _ in held]
+            assert closed == [False, True, False, False]
+        finally:
+            close_all(held)
+
+
+async def test_the_request_deadline_is_for_the_whole_request_not_each_byte() -> None:
+    """A byte every 0.05 s does not keep a connection: it is cut at the request deadline
+    (0.3 s here), long before the test gives up (a deadline per byte would never cut it)."""
+    async with endpoint(request_timeout_s=0.3) as served:
+        reader, writer = await partial(served.port, "127.0.0.1")
+        try:
+            async with asyncio.timeout(10):
+                while not await closed_by_server(reader, within_s=0.05):
+                    writer.write(b"x")
+        finally:
+            writer.close()
+        await eventually(lambda: served.active == 0, what="the endpoint let go of it")
