@@ -238,6 +238,15 @@ def test_remove_device_vanishes_with_children_and_nodes(active: UmockdevHost) ->
     assert [n for n in os.listdir("/dev/dri") if n != "by-path"] == []
 
 
+def test_removal_order_is_children_first_and_removes_nothing(active: UmockdevHost) -> None:
+    _two_gpus(active)
+    order = active.removal_order(GPU0)
+    assert order[-1] == GPU0
+    assert set(order[:-1]) == {f"{GPU0}/drm/card0", f"{GPU0}/drm/renderD128"}
+    assert active.removal_order(f"{GPU0}/drm/card0") == [f"{GPU0}/drm/card0"]
+    assert all(active.has_device(path) for path in order)
+
+
 def test_add_dev_dir_hides_the_host_directory(active: UmockdevHost) -> None:
     active.add_dev_dir("/dev/input")
     assert os.listdir("/dev/input") == []
@@ -277,6 +286,55 @@ async def test_monitor_receives_emitted_events(active: UmockdevHost) -> None:
     finally:
         for collector in collectors:
             collector.close()
+
+
+async def test_unplug_sends_each_event_before_its_device_leaves_sysfs(
+    active: UmockdevHost,
+) -> None:
+    """The kernel's order: children first; a device's node goes before its event, a bound
+    driver's ``unbind`` comes before ``remove``, and the sysfs dir goes after the event (here
+    only after ``linger_s``, so that what a reader finds meanwhile can be checked)."""
+    _two_gpus(active)
+    collector = _Collector(_monitor("kernel"))
+    order = active.removal_order(GPU0)
+    unplugging = asyncio.create_task(active.unplug(GPU0, linger_s=3600))
+    try:
+        await collector.wait_for(4)
+        assert [(a, p) for a, p, _ in collector.events] == [
+            ("remove", order[0]),
+            ("remove", order[1]),
+            ("unbind", GPU0),
+            ("remove", GPU0),
+        ]
+        assert "DRIVER" not in collector.events[3][2]
+        # Every event is out, and sysfs still shows every device...
+        assert all(os.path.isfile(f"{path}/uevent") for path in order)
+        # ...but their nodes went before their events, as devtmpfs deletes them first.
+        dev = active.root / "dev"
+        assert not (dev / "dri" / "card0").exists()
+        assert not (dev / "dri" / "renderD128").exists()
+        assert (dev / "dri" / "card1").exists()
+    finally:
+        unplugging.cancel()
+        collector.close()
+    with pytest.raises(asyncio.CancelledError):
+        await unplugging
+    assert active.remove_device(GPU0) == order
+
+
+async def test_unplug_leaves_no_trace_of_the_device(active: UmockdevHost) -> None:
+    _two_gpus(active)
+    collector = _Collector(_monitor("udev"))
+    try:
+        order = await active.unplug(GPU0)
+        await collector.wait_for(4)
+    finally:
+        collector.close()
+    assert [a for a, _, _ in collector.events] == ["remove", "remove", "unbind", "remove"]
+    assert order[-1] == GPU0
+    assert not any(active.has_device(path) or os.path.exists(path) for path in order)
+    assert [d.sys_name for d in pyudev.Context().list_devices(subsystem="drm")] == ["card1"]
+    assert not (active.root / "dev" / "dri" / "by-path" / "pci-0000:00:02.0-card").is_symlink()
 
 
 async def test_monitor_filters_match_the_header_hashes(active: UmockdevHost) -> None:

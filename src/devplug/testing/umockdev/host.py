@@ -6,6 +6,7 @@ Writing a new device's files lives in ``device_files.py``, building and sending 
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import shutil
@@ -247,25 +248,78 @@ class UmockdevHost:
         with contextlib.suppress(FileExistsError):
             os.symlink(f"{dev.node.major}:{dev.node.minor}", meta)
 
+    def removal_order(self, sys_path: str) -> list[str]:
+        """A device and its descendants, children first: the order the kernel removes them.
+
+        Found by walking the device's own directory (not every device of the testbed), so
+        that it costs the same with 10 devices or 30,000.
+        """
+        top = self._known(sys_path)
+        found: list[str] = []
+        for directory, _, _ in os.walk(self._paths.device_dir(top.sys_path)):
+            path = directory[len(self._root) :]
+            if path in self._devices:
+                found.append(path)
+        found.sort(key=lambda p: p.count("/"), reverse=True)
+        return found
+
     def remove_device(self, sys_path: str) -> list[str]:
         """Remove a device and its descendants; return their sys paths, children first.
 
-        Sends no events: emit ``remove`` for the returned paths in order (trap 1).
+        Sends no events: emit ``remove`` for the returned paths in order (trap 1), or use
+        :meth:`unplug` for the kernel's order (each event before its device's files go).
         """
         top = self._known(sys_path)
-        prefix = top.sys_path + "/"
-        doomed = [p for p in self._devices if p == top.sys_path or p.startswith(prefix)]
-        doomed.sort(key=lambda p: p.count("/"), reverse=True)
+        doomed = self.removal_order(top.sys_path)
         for path in doomed:
-            dev = self._devices.pop(path)
-            # Empty dirs such as dev/dri stay on purpose: without them the preload would
-            # fall through to the real /dev/dri and leak host devices into the mock.
-            for ext in dev.external:
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(ext)
-            self._tombstones[path] = (dev.subsystem, dict(dev.properties))
+            self._forget(path)
         shutil.rmtree(self._paths.device_dir(top.sys_path))
         return doomed
+
+    def _forget(self, path: str) -> None:
+        """Drop one device's record and its files outside its directory (links, nodes)."""
+        dev = self._devices.pop(path)
+        # Empty dirs such as dev/dri stay on purpose: without them the preload would fall
+        # through to the real /dev/dri and leak host devices into the mock.
+        for ext in dev.external:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(ext)
+        self._tombstones[path] = (dev.subsystem, dict(dev.properties))
+
+    async def unplug(
+        self, sys_path: str, *, linger_s: float = 0.0, timeout: float = 5.0
+    ) -> list[str]:
+        """Remove a device and its descendants the way the kernel does, with their uevents.
+
+        For each device, children first: its /dev node goes (devtmpfs deletes it before the
+        event), a bound driver is unbound and ``unbind`` sent, then ``remove`` is sent while
+        the sysfs directory is still there, and only then does the directory go. A consumer
+        woken by the event may find the device in sysfs still. (The kernel also drops the
+        directory's attributes and ``uevent`` file just before the event; the testbed keeps
+        them, which is the harder case for a consumer.)
+
+        ``linger_s`` > 0: every event is sent first, and the directories go that much later
+        (the kernel's thread preempted between its event and the deletion, or a consumer
+        that reads sooner than this machine lets the test see). ``timeout``: as for
+        :meth:`emit_async`. Returns the paths, in the order their events were sent.
+        """
+        order = self.removal_order(sys_path)
+        for path in order:
+            dev = self._devices[path]
+            if dev.node is not None:
+                self.set_node_present(path, False)
+            if "DRIVER" in dev.properties:
+                self.set_driver(path, None)
+                await self.emit_async("unbind", path, timeout=timeout)
+            await self.emit_async("remove", path, timeout=timeout)
+            if linger_s <= 0:
+                # Its children went before it: nothing below it is a device any more.
+                self._forget(path)
+                shutil.rmtree(self._paths.device_dir(path))
+        if linger_s > 0:
+            await asyncio.sleep(linger_s)
+            self.remove_device(sys_path)
+        return order
 
     # ------------------------------------------------------------------ activation
 
