@@ -143,12 +143,18 @@ def require_checker() -> Path:
 
 @dataclass(frozen=True, slots=True)
 class InjectedNode:
-    """A device node as the library hands it to the runtime (type and numbers from the host)."""
+    """A device node as the library hands it to the runtime (type and numbers from the host).
+
+    ``file_mode`` (permission bits), ``uid`` and ``gid`` are None where the library leaves
+    them to the runtime: runc then makes the node 0666, owned by 0:0."""
 
     path: str
     type: str
     major: int
     minor: int
+    file_mode: int | None = None
+    uid: int | None = None
+    gid: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -204,7 +210,9 @@ def _parse(directory: Path, returncode: int, stdout: str) -> CheckResult:
         unresolved=tuple(document["unresolved"]),
         inject_error=document["inject_error"],
         injected=tuple(
-            InjectedNode(n["path"], n["type"], n["major"], n["minor"])
+            InjectedNode(
+                n["path"], n["type"], n["major"], n["minor"], n["fileMode"], n["uid"], n["gid"]
+            )
             for n in document["injected_device_nodes"]
         ),
         injected_env=tuple(document["injected_env"]),

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import json
+import os
+import stat
+from pathlib import Path
 
 import pytest
 
 from devplug.cdi import build
-from devplug.cdi.build import device_edits, resource_spec
+from devplug.cdi.build import HostAccess, device_edits, host_access, resource_spec
 from devplug.cdi.generate import ResourceSpec, specs_text, tree_specs
 from devplug.cdi.spec import (
     ContainerEdits,
@@ -26,9 +29,14 @@ from devplug.model import CdiEdits, CdiHook, DeviceInfo, DeviceNode, DeviceTree,
 
 BIND_RO = ("ro", "nosuid", "nodev", "bind")
 BIND_RW = ("rw", "nosuid", "nodev", "bind")
+ROOT = os.geteuid() == 0
+needs_root = pytest.mark.skipif(not ROOT, reason="mknod needs root")
 
 
 def node_info(path: str) -> DeviceInfo:
+    """A device of one node. Tests that compare whole edits use paths no machine has (no
+    driver names its nodes ttyX<n> or xaccel<n>): a real node's mode and group would be in
+    the edits."""
     return DeviceInfo(nodes=(DeviceNode(path),))
 
 
@@ -60,24 +68,24 @@ def test_device_without_anything_to_give_has_empty_edits() -> None:
 
 
 def test_host_path_is_left_out_when_it_equals_the_container_path() -> None:
-    edits = device_edits(DeviceInfo(nodes=(DeviceNode("/dev/ttyUSB0", permissions="rw"),)))
+    edits = device_edits(DeviceInfo(nodes=(DeviceNode("/dev/ttyX0", permissions="rw"),)))
     assert edits == ContainerEdits(
-        device_nodes=(DeviceNodeEdit("/dev/ttyUSB0", host_path=None, permissions="rw"),)
+        device_nodes=(DeviceNodeEdit("/dev/ttyX0", host_path=None, permissions="rw"),)
     )
-    s = Spec("example.com/serial", (SpecDevice("ttyUSB0", edits),))
+    s = Spec("example.com/serial", (SpecDevice("ttyX0", edits),))
     assert minimum_version(s) == "0.3.0"
     assert spec_document(s)["devices"][0]["containerEdits"] == {
-        "deviceNodes": [{"path": "/dev/ttyUSB0", "permissions": "rw"}]
+        "deviceNodes": [{"path": "/dev/ttyX0", "permissions": "rw"}]
     }
 
 
 def test_host_path_is_kept_when_it_differs_and_needs_0_5_0() -> None:
-    info = DeviceInfo(nodes=(DeviceNode("/dev/ttyUSB3", "/dev/ttyUSB0", permissions="r"),))
+    info = DeviceInfo(nodes=(DeviceNode("/dev/ttyX3", "/dev/ttyX0", permissions="r"),))
     edits = device_edits(info)
     assert edits.device_nodes == (
-        DeviceNodeEdit("/dev/ttyUSB0", host_path="/dev/ttyUSB3", permissions="r"),
+        DeviceNodeEdit("/dev/ttyX0", host_path="/dev/ttyX3", permissions="r"),
     )
-    s = Spec("example.com/serial", (SpecDevice("ttyUSB3", edits),))
+    s = Spec("example.com/serial", (SpecDevice("ttyX3", edits),))
     assert spec_problems(s) == []
     assert minimum_version(s) == "0.5.0"
 
@@ -145,17 +153,103 @@ def test_cdi_only_edits_are_carried() -> None:
 
 def test_everything_together() -> None:
     info = DeviceInfo(
-        nodes=(DeviceNode("/dev/accel0", permissions="rwm"),),
+        nodes=(DeviceNode("/dev/xaccel0", permissions="rwm"),),
         mounts=(Mount("/usr/share/accel"),),
         env={"ACCEL": "0"},
         cdi_edits=CdiEdits(hooks=(CdiHook("createContainer", "/bin/h"),), additional_gids=(5,)),
     )
     assert device_edits(info) == ContainerEdits(
-        device_nodes=(DeviceNodeEdit("/dev/accel0", permissions="rwm"),),
+        device_nodes=(DeviceNodeEdit("/dev/xaccel0", permissions="rwm"),),
         mounts=(MountEdit("/usr/share/accel", "/usr/share/accel", BIND_RO),),
         hooks=(HookEdit("createContainer", "/bin/h"),),
         additional_gids=(5,),
     )
+
+
+# ------------------------------------------------------------------------- host node access
+
+
+def make_node(path: Path, mode: int, gid: int = 0, kind: int = stat.S_IFCHR) -> Path:
+    """A real device node (the null device's numbers: nothing here opens it)."""
+    os.mknod(path, kind | mode, os.makedev(1, 3))
+    os.chmod(path, mode)  # mknod's mode went through the umask
+    os.chown(path, 0, gid)
+    return path
+
+
+@needs_root
+@pytest.mark.parametrize(
+    ("mode", "gid", "kind"),
+    [
+        (0o600, 0, stat.S_IFCHR),
+        (0o644, 0, stat.S_IFCHR),
+        (0o660, 4242, stat.S_IFCHR),  # a root:render render node, say
+        (0o640, 6, stat.S_IFBLK),
+        (0o000, 0, stat.S_IFCHR),  # no access at all is a mode too, not "unknown"
+    ],
+    ids=["0600", "0644", "0660-group", "block-0640", "0000"],
+)
+def test_a_node_carries_the_host_nodes_mode_and_group_but_no_owner(
+    tmp_path: Path, mode: int, gid: int, kind: int
+) -> None:
+    host = make_node(tmp_path / "node", mode, gid, kind)
+    info = DeviceInfo(nodes=(DeviceNode(str(host), "/dev/node", permissions="rw"),))
+    assert device_edits(info).device_nodes == (
+        DeviceNodeEdit(
+            "/dev/node", host_path=str(host), permissions="rw", file_mode=mode, gid=gid, uid=None
+        ),
+    )
+    s = resource_spec("example.com/modes", {"n0": info})
+    assert s is not None
+    (node,) = json.loads(spec_json(s))["devices"][0]["containerEdits"]["deviceNodes"]
+    assert node == {
+        "path": "/dev/node",
+        "hostPath": str(host),
+        "fileMode": mode,
+        "permissions": "rw",
+        "gid": gid,
+    }
+
+
+@needs_root
+def test_the_mode_is_the_hosts_when_the_device_is_rendered(tmp_path: Path) -> None:
+    host = make_node(tmp_path / "node", 0o666)
+    info = DeviceInfo(nodes=(DeviceNode(str(host), "/dev/node"),))
+    os.chmod(host, 0o600)  # a udev rule's chmod after the scan
+    assert device_edits(info).device_nodes[0].file_mode == 0o600
+
+
+@needs_root
+def test_a_node_gone_between_scan_and_render_is_rendered_without_mode_or_group(
+    tmp_path: Path,
+) -> None:
+    host = make_node(tmp_path / "node", 0o600)
+    info = DeviceInfo(nodes=(DeviceNode(str(host), "/dev/node"),))
+    host.unlink()  # the device went away after the scan
+    (edit,) = device_edits(info).device_nodes
+    assert (edit.file_mode, edit.gid, edit.uid) == (None, None, None)
+    s = resource_spec("example.com/gone", {"n0": info})
+    assert s is not None and spec_problems(s) == []  # still a valid spec; no crash
+
+
+def test_what_is_not_a_device_node_has_no_access(tmp_path: Path) -> None:
+    regular = tmp_path / "file"
+    regular.write_bytes(b"")
+    regular.chmod(0o600)
+    link = tmp_path / "link"
+    link.symlink_to("/dev/null")  # a device, but behind a link the runtime will not follow
+    for path in (regular, link, tmp_path, tmp_path / "missing"):
+        assert host_access(str(path)) is None, path
+        info = DeviceInfo(nodes=(DeviceNode(str(path), "/dev/node"),))
+        assert device_edits(info).device_nodes[0].file_mode is None, path
+
+
+def test_a_real_device_node_of_this_machine_has_its_access() -> None:
+    # /dev/null is on every Linux machine: no root needed to see a mode carried.
+    info = os.stat("/dev/null")
+    assert host_access("/dev/null") == HostAccess(stat.S_IMODE(info.st_mode), info.st_gid)
+    (edit,) = device_edits(node_info("/dev/null")).device_nodes
+    assert (edit.file_mode, edit.gid, edit.uid) == (stat.S_IMODE(info.st_mode), info.st_gid, None)
 
 
 # ------------------------------------------------------------------------- resource_spec
@@ -169,18 +263,18 @@ def test_resource_spec_lists_devices_in_natural_id_order() -> None:
 
 
 def test_resource_spec_shape_carries_no_annotations() -> None:
-    devices = {"ttyUSB1": node_info("/dev/ttyUSB1"), "ttyUSB0": node_info("/dev/ttyUSB0")}
+    devices = {"ttyX1": node_info("/dev/ttyX1"), "ttyX0": node_info("/dev/ttyX0")}
     s = resource_spec("vendor.io/tty", devices)
     assert s == Spec(
         kind="vendor.io/tty",
         devices=(
             SpecDevice(
-                "ttyUSB0",
-                ContainerEdits(device_nodes=(DeviceNodeEdit("/dev/ttyUSB0", permissions="rw"),)),
+                "ttyX0",
+                ContainerEdits(device_nodes=(DeviceNodeEdit("/dev/ttyX0", permissions="rw"),)),
             ),
             SpecDevice(
-                "ttyUSB1",
-                ContainerEdits(device_nodes=(DeviceNodeEdit("/dev/ttyUSB1", permissions="rw"),)),
+                "ttyX1",
+                ContainerEdits(device_nodes=(DeviceNodeEdit("/dev/ttyX1", permissions="rw"),)),
             ),
         ),
         edits=None,

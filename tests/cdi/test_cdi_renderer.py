@@ -3,14 +3,18 @@ fragments of devices whose DeviceInfo did not change."""
 
 from __future__ import annotations
 
+import json
+import os
 import random
+import stat
+from pathlib import Path
 
 import pytest
 
 from devplug.cdi.build import SpecRenderer, resource_spec
 from devplug.cdi.spec import spec_json
 from devplug.errors import CdiSpecError
-from devplug.model import CdiEdits, CdiHook, DeviceInfo, DeviceNode, Mount
+from devplug.model import CdiEdits, CdiHook, DeviceInfo, DeviceNode, DeviceTree, Mount
 
 KIND = "gpu.intel.com/i915"
 RESOURCE = "gpu.intel.com/i915"
@@ -107,8 +111,6 @@ def test_rendering_from_edits_gives_the_bytes_of_a_full_render() -> None:
     """A random walk of tree edits (adds, removals, re-reads, shares, devices with nothing to
     give): rendering only what each edit changed gives what rendering every device gives, and
     the same names."""
-    from devplug.model import DeviceTree
-
     rng = random.Random(16)
     renderer = SpecRenderer(KIND)
     tree = DeviceTree({RESOURCE: {"0000:00:00.0": gpu(0)}})
@@ -156,8 +158,6 @@ def test_rendering_from_edits_gives_the_bytes_of_a_full_render() -> None:
 
 
 def test_an_invalid_device_in_an_edit_changes_nothing() -> None:
-    from devplug.model import DeviceTree
-
     renderer = SpecRenderer(KIND)
     tree = DeviceTree({RESOURCE: {"0000:01:00.0": gpu(1)}})
     first = renderer.render(tree[RESOURCE])
@@ -168,3 +168,30 @@ def test_an_invalid_device_in_an_edit_changes_nothing() -> None:
     assert renderer.rendered is None  # the next render is a full one
     again = renderer.render(tree[RESOURCE])
     assert first is not None and again is not None and again.data == first.data
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mknod needs root")
+def test_a_node_back_after_a_render_without_it_is_rendered_with_its_mode(tmp_path: Path) -> None:
+    """Gone at one render (its device going away): no crash, and no mode for the node. Back,
+    the uevent's re-read gives the device a new DeviceInfo, and the render told the tree's
+    edit reads the node again."""
+    host = tmp_path / "card0"
+
+    def card() -> DeviceInfo:
+        return DeviceInfo(nodes=(DeviceNode(str(host), "/dev/dri/card0"),))
+
+    renderer = SpecRenderer(KIND)
+    tree = DeviceTree({RESOURCE: {"0000:01:00.0": card(), "0000:02:00.0": gpu(2)}})
+    first = renderer.render(tree[RESOURCE])
+    assert first is not None and first.data == expected(dict(tree[RESOURCE]))
+    (gone,) = json.loads(first.data)["devices"][0]["containerEdits"]["deviceNodes"]
+    assert "fileMode" not in gone and "gid" not in gone
+
+    os.mknod(host, stat.S_IFCHR | 0o600, os.makedev(1, 3))
+    new = tree.with_changes([(RESOURCE, "0000:01:00.0")], {RESOURCE: {"0000:01:00.0": card()}})
+    edit = new.edit_since(RESOURCE, tree[RESOURCE])
+    assert edit is not None
+    again = renderer.render(new[RESOURCE], edit)
+    assert again is not None and again.data == expected(dict(new[RESOURCE]))
+    (back,) = json.loads(again.data)["devices"][0]["containerEdits"]["deviceNodes"]
+    assert (back["fileMode"], back["gid"]) == (0o600, 0)

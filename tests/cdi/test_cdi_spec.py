@@ -185,6 +185,7 @@ def test_fully_specified_device_node_is_valid() -> None:
         type="c",
         major=226,
         minor=0,
+        file_mode=0o660,
         permissions="rwm",
         uid=0,
         gid=44,
@@ -260,6 +261,25 @@ def test_owner_ids_are_uint32(what: str) -> None:
         assert_only_problem(
             one(node(**{what: bad})), "deviceNodes['/dev/gpu0']", f"{what} {bad} out of range"
         )
+
+
+@pytest.mark.parametrize("file_mode", [0, 0o600, 0o644, 0o660, 0o777])
+def test_file_modes_are_permission_bits(file_mode: int) -> None:
+    assert_valid(one(node(file_mode=file_mode)))
+
+
+@pytest.mark.parametrize(
+    ("file_mode", "shown"),
+    [(-1, "-0o1"), (0o1000, "0o1000"), (0o4755, "0o4755"), (0o20666, "0o20666")],
+    ids=["negative", "sticky", "setuid", "type-bits"],
+)
+def test_file_mode_with_more_than_permission_bits_is_refused(file_mode: int, shown: str) -> None:
+    # Go's os.FileMode does not read type or special bits as Unix does: refused, not guessed.
+    assert_only_problem(
+        one(node(file_mode=file_mode)),
+        "deviceNodes['/dev/gpu0']",
+        f"fileMode {shown} is not permission bits (0 to 0o777)",
+    )
 
 
 # ------------------------------------------------------------------------- mounts
@@ -523,6 +543,10 @@ def test_plain_spec_needs_0_3_0() -> None:
         (spec(kind="example.com/gpu"), "0.3.0"),  # a "." in the vendor is old
         (one(ContainerEdits(additional_gids=(44,))), "0.7.0"),
         (spec(edits=ContainerEdits(additional_gids=(44,))), "0.7.0"),
+        # Fields of 0.3.0: neither library generation raises the version for them, and the
+        # 0.5.x library (Debian 12's podman 4.3) refuses any version above 0.5.0.
+        (one(node("/dev/x", file_mode=0o600, uid=0, gid=44)), "0.3.0"),
+        (spec(edits=node("/dev/x", file_mode=0o644, gid=0)), "0.3.0"),
     ],
     ids=[
         "mount-type",
@@ -539,6 +563,8 @@ def test_plain_spec_needs_0_3_0() -> None:
         "dot-in-vendor",
         "gids",
         "spec-gids",
+        "file-mode-and-owner",
+        "spec-file-mode-and-owner",
     ],
 )
 def test_each_trigger_alone(s: Spec, version: str) -> None:
@@ -601,6 +627,7 @@ def test_spec_document_shape() -> None:
                             permissions="rw",
                             uid=0,
                             gid=44,
+                            file_mode=0o660,
                         ),
                     ),
                     mounts=(
@@ -638,6 +665,7 @@ def test_spec_document_shape() -> None:
                             "type": "c",
                             "major": 226,
                             "minor": 1,
+                            "fileMode": 0o660,
                             "permissions": "rw",
                             "uid": 0,
                             "gid": 44,
@@ -687,9 +715,9 @@ def test_spec_document_leaves_empty_fields_out() -> None:
 
 
 def test_spec_document_keeps_zero_numbers() -> None:
-    s = one(node("/dev/x", major=0, minor=0, uid=0, gid=0))
+    s = one(node("/dev/x", major=0, minor=0, uid=0, gid=0, file_mode=0))
     nodes = spec_document(s)["devices"][0]["containerEdits"]["deviceNodes"]
-    assert nodes == [{"path": "/dev/x", "major": 0, "minor": 0, "uid": 0, "gid": 0}]
+    assert nodes == [{"path": "/dev/x", "major": 0, "minor": 0, "fileMode": 0, "uid": 0, "gid": 0}]
 
 
 def test_spec_json_is_compact_and_ends_in_a_newline() -> None:

@@ -55,6 +55,13 @@ def device_id(path: str | Path) -> str:
     return f"{os.major(rdev):x}:{os.minor(rdev):x}"
 
 
+def node_access(path: str | Path) -> str:
+    """A node's permission bits (octal) and group id, as busybox's ``stat -c '%a %g'`` prints
+    them: what a container must see of a node it gets through CDI."""
+    info = os.stat(path)
+    return f"{stat.S_IMODE(info.st_mode):o} {info.st_gid}"
+
+
 def is_char_device(path: str | Path) -> bool:
     try:
         return stat.S_ISCHR(os.stat(path).st_mode)
@@ -141,12 +148,16 @@ class Podman:
             result.stderr.decode(errors="replace"),
         )
 
-    def run(self, devices: Sequence[str], *command: str) -> subprocess.CompletedProcess[str]:
-        """``podman run`` of the test image with these ``--device`` names (CDI or paths)."""
+    def run(
+        self, devices: Sequence[str], *command: str, options: Sequence[str] = ()
+    ) -> subprocess.CompletedProcess[str]:
+        """``podman run`` of the test image with these ``--device`` names (CDI or paths) and
+        any further ``options`` (``--user``, say)."""
         device_options = [option for d in devices for option in ("--device", d)]
         return self(
             "run",
             *RUN_OPTIONS,
+            *options,
             *device_options,
             IMAGE,
             *command,

@@ -115,6 +115,22 @@ def test_an_unknown_field_is_refused(tmp_path: Path) -> None:
     assert result.devices == ()
 
 
+def test_file_mode_and_owner_are_0_3_0_fields_handed_to_the_runtime(tmp_path: Path) -> None:
+    # A node's fileMode, uid and gid: known fields at the lowest version (strict decoding
+    # takes them), given to the runtime as they are. A node without them gets none: the
+    # library fills in only type and numbers, and runc makes such a node 0666, root's.
+    document = spec("example.com/mem", "null", "zero", version="0.3.0")
+    document["devices"][0]["containerEdits"]["deviceNodes"][0].update(fileMode=0o600, uid=7, gid=5)
+    path = write(tmp_path, "example.com-mem.json", document)
+    result = check_spec_dir(tmp_path, ["example.com/mem=null", "example.com/mem=zero"])
+    assert result.ok, result
+    assert result.specs[str(path)].cdi_version == "0.3.0"
+    assert [(n.path, n.file_mode, n.uid, n.gid) for n in result.injected] == [
+        ("/dev/null", 0o600, 7, 5),
+        ("/dev/zero", None, None, None),
+    ]
+
+
 def test_an_unresolvable_name_is_reported(tmp_path: Path) -> None:
     write(tmp_path, "example.com-mem.json", spec("example.com/mem", "null"))
     result = check_spec_dir(tmp_path, ["example.com/mem=null", "example.com/mem=missing"])

@@ -2,9 +2,10 @@
 
 No umockdev here: devplug scans the machine's real sysfs with the generic scanner (the mem
 class devices and /dev/ttyS0), and podman 4.3.1 starts real containers that get the devices
-through CDI alone. Each device is checked by its major:minor inside the container against the
-host node. The same specs go through the CDI checker (the library podman links), whose errors
-name the cause when podman only says "unresolvable CDI devices".
+through CDI alone. Each device is checked by its major:minor, mode and group inside the
+container against the host node. The same specs go through the CDI checker (the library
+podman links), whose errors name the cause when podman only says "unresolvable CDI devices".
+The node-mode tests at the end add nodes made with mknod, of the modes and group they need.
 
 They need root, podman, runc and busybox-static (see podman_harness); without them they skip,
 and with ``CI=true`` they fail instead.
@@ -14,6 +15,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import stat
 import subprocess
 import sys
 import time
@@ -23,9 +26,18 @@ from pathlib import Path
 
 import pytest
 from cdi_library import CheckResult, check_spec_dir, real_machine_env, require_checker, unavailable
-from podman_harness import HostCdiDir, Podman, device_id, is_char_device, why_podman_cannot_run
+from podman_harness import (
+    HostCdiDir,
+    Podman,
+    device_id,
+    is_char_device,
+    node_access,
+    why_podman_cannot_run,
+)
 
-from devplug.model import ContainerAllocation
+from devplug.cdi.build import SpecRenderer
+from devplug.cdi.names import qualified_name, spec_file_name
+from devplug.model import ContainerAllocation, DeviceInfo, DeviceNode
 from devplug.testing import KubeletSimulator, PluginSession, daemon_process
 
 DEVPLUG = Path(sys.executable).parent / "devplug"  # the installed console script
@@ -169,9 +181,11 @@ def test_podman_gives_a_generated_device(
         without = podman.run([], "stat", "-c", "%t:%T", node)
         assert without.returncode != 0 and "No such file" in without.stderr, without
     cdi_name = f"{kind(installed, GENERATE, device_class)}={name}"
-    result = podman.run([cdi_name], "stat", "-c", "%t:%T", node)
+    result = podman.run([cdi_name], "stat", "-c", "%t:%T %a %g", node)
     assert result.returncode == 0, why(result, generated.directory, [cdi_name])
-    assert result.stdout.strip() == device_id(node)
+    # The host's numbers, and its mode and group (the spec's fileMode and gid: without them
+    # runc makes the node 0666 and root's; this machine's /dev/kmsg is 0644, /dev/ttyS0 0600).
+    assert result.stdout.strip() == f"{device_id(node)} {node_access(node)}"
 
 
 def why(result: subprocess.CompletedProcess[str], spec_dir: Path, names: Sequence[str]) -> str:
@@ -250,15 +264,119 @@ async def check_allocate(
     assert len(nodes) == len(ids), answer
 
     # Only the CDI names go to podman: the nodes must come from the spec devplug wrote.
-    command = ["stat", "-c", "%n %t:%T", *nodes]
+    command = ["stat", "-c", "%n %t:%T %a %g", *nodes]
     result = await asyncio.to_thread(podman.run, answer.cdi_devices, *command)
     assert result.returncode == 0, why(result, host_cdi.path, answer.cdi_devices)
     seen = dict(line.split(" ", 1) for line in result.stdout.splitlines())
-    assert seen == {path: device_id(host) for path, host in nodes.items()}
+    assert seen == {path: f"{device_id(host)} {node_access(host)}" for path, host in nodes.items()}
 
     # The library's view of the same names, restricted to this daemon's files: other specs
     # in the machine's dir are not this test's to judge.
     checked = check_spec_dir(host_cdi.path, answer.cdi_devices)
     assert checked.errors_in([f"{host_cdi.vendor}-{DAEMON}-"]) == {}, checked
     assert checked.unresolved == () and checked.inject_error == "", checked
-    assert {n.path: f"{n.major:x}:{n.minor:x}" for n in checked.injected} == seen
+    assert {
+        n.path: f"{n.major:x}:{n.minor:x} {n.file_mode:o} {n.gid}" for n in checked.injected
+    } == seen
+
+
+# ------------------------------------------------------------------------- node modes
+#
+# A CDI device node is no more open in a container than on the host. runc makes a node the OCI
+# spec gives no mode 0666, owned by 0:0; the CDI library fills in only a node's type and
+# numbers from the host. So the spec must carry the host node's mode (fileMode) and group
+# (gid), or a 0600 node becomes writable by every user of the container. The host nodes here
+# are made with mknod in a temp dir (char 1:3, the null device's numbers, so a container that
+# opens one touches nothing), with the modes and group the tests need whatever this machine's
+# /dev holds; devplug's renderer makes their spec, as the daemon does.
+
+# A group no account of this machine is likely to have: a render node's group (root:render
+# 0660) stands for any group that grants access on the host.
+GROUP = 4242
+USER = 1000  # a container user that is neither the node's owner nor in its group
+NODES = {  # device id -> (mode, group) of its host node
+    "private": (0o600, 0),
+    "readable": (0o644, 0),
+    "grouped": (0o660, GROUP),
+}
+
+
+def container_path(node_id: str) -> str:
+    return f"/dev/devplug-mode-{node_id}"
+
+
+@pytest.fixture(scope="module")
+def host_nodes(tmp_path_factory: pytest.TempPathFactory, podman: Podman) -> dict[str, Path]:
+    """The host nodes (after ``podman``, which skips or fails these tests without root)."""
+    directory = tmp_path_factory.mktemp("nodes")
+    nodes = {}
+    for node_id, (mode, group) in NODES.items():
+        path = directory / node_id
+        os.mknod(path, stat.S_IFCHR | mode, os.makedev(1, 3))
+        os.chmod(path, mode)  # mknod's mode went through the umask
+        os.chown(path, 0, group)
+        nodes[node_id] = path
+    return nodes
+
+
+@pytest.fixture(scope="module")
+def spec_kind(
+    host_cdi: HostCdiDir, host_nodes: dict[str, Path], tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[str]:
+    """devplug's spec for the nodes, installed in /var/run/cdi; its kind."""
+    kind = host_cdi.kind("modes")
+    devices = {
+        node_id: DeviceInfo(nodes=(DeviceNode(str(path), container_path(node_id)),))
+        for node_id, path in host_nodes.items()
+    }
+    rendered = SpecRenderer(kind).render(devices)
+    assert rendered is not None
+    spec_file = tmp_path_factory.mktemp("modes-spec") / spec_file_name(kind)
+    spec_file.write_bytes(rendered.data)
+    installed = host_cdi.install(spec_file)
+    yield kind
+    installed.unlink(missing_ok=True)
+
+
+def container_stat(podman: Podman, kind: str, node_id: str, *options: str) -> str:
+    """``mode gid`` of the device's node inside a container (``uid`` too, after them)."""
+    name = qualified_name(kind, node_id)
+    result = podman.run([name], "stat", "-c", "%a %g %u", container_path(node_id), options=options)
+    assert result.returncode == 0, f"podman: {result.stderr.strip()}"
+    return result.stdout.strip()
+
+
+@pytest.mark.parametrize("node_id", list(NODES))
+def test_a_container_sees_the_host_nodes_mode_and_group(
+    podman: Podman, spec_kind: str, host_nodes: dict[str, Path], node_id: str
+) -> None:
+    # Root's container: the node is root's (no uid in the spec, and the process is root).
+    expected = f"{node_access(host_nodes[node_id])} 0"
+    assert expected.startswith(f"{NODES[node_id][0]:o} ")  # the node is as made
+    assert container_stat(podman, spec_kind, node_id) == expected
+
+
+def test_a_non_root_container_owns_its_node_and_the_group_stays_the_hosts(
+    podman: Podman, spec_kind: str, host_nodes: dict[str, Path]
+) -> None:
+    # No uid in the spec: the CDI library gives the node to the container's user, the one the
+    # device was allocated to (containerd's device_ownership_from_security_context does the
+    # same for device specs). The gid in the spec keeps the host's group: without it the
+    # library would give the node the process's group instead, and the group's access would
+    # move to whoever shares that group.
+    seen = container_stat(podman, spec_kind, "grouped", "--user", f"{USER}:{USER}")
+    assert seen == f"{node_access(host_nodes['grouped'])} {USER}"
+
+
+def test_the_cdi_library_hands_the_runtime_the_hosts_mode_and_group(
+    spec_kind: str, host_cdi: HostCdiDir, host_nodes: dict[str, Path]
+) -> None:
+    require_checker()
+    names = [qualified_name(spec_kind, node_id) for node_id in NODES]
+    checked = check_spec_dir(host_cdi.path, names)
+    assert checked.errors_in([spec_file_name(spec_kind)]) == {}, checked
+    assert checked.unresolved == () and checked.inject_error == "", checked
+    given = {n.path: (n.file_mode, n.gid, n.uid) for n in checked.injected}
+    assert given == {
+        container_path(node_id): (mode, group, None) for node_id, (mode, group) in NODES.items()
+    }, checked

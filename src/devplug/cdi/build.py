@@ -1,9 +1,12 @@
-"""From a resource's advertised devices to its CDI spec (pure: no files)."""
+"""From a resource's advertised devices to its CDI spec (no files written; each device node's
+mode and group are read from the host node, an lstat, when its device is rendered)."""
 
 from __future__ import annotations
 
 import bisect
 import heapq
+import os
+import stat
 from collections import Counter
 from collections.abc import Callable, Generator, Iterable, Mapping
 from dataclasses import dataclass
@@ -11,6 +14,7 @@ from typing import NamedTuple, TypeVar
 
 from devplug.cdi.names import cdi_device_name
 from devplug.cdi.spec import (
+    MAX_FILE_MODE,
     ContainerEdits,
     DeviceNodeEdit,
     HookEdit,
@@ -27,7 +31,7 @@ from devplug.cdi.spec import (
     later_version,
 )
 from devplug.errors import CdiSpecError
-from devplug.model import DeviceInfo, MapEdit
+from devplug.model import DeviceInfo, DeviceNode, MapEdit
 from devplug.naming import NaturalKey, natural_key
 
 # Told by a render in slices whether its slice is used up (True: yield to the caller now).
@@ -40,17 +44,58 @@ def _never() -> bool:
     return False
 
 
+class HostAccess(NamedTuple):
+    """Who may use a host device node: its permission bits and its group."""
+
+    mode: int
+    gid: int
+
+
+def host_access(path: str) -> HostAccess | None:
+    """The access of the device node at ``path`` as it is now, or None when ``path`` is not a
+    character or block device (gone, say). ``path`` is a DeviceNode's host path, validated
+    when the node was made (absolute, normalised, no NUL); it is lstat'ed, never opened or
+    followed, as the runtime does when it fills in the node's type and numbers."""
+    try:
+        info = os.lstat(path)
+    except (OSError, ValueError):
+        return None
+    if not (stat.S_ISCHR(info.st_mode) or stat.S_ISBLK(info.st_mode)):
+        return None
+    return HostAccess(stat.S_IMODE(info.st_mode) & MAX_FILE_MODE, info.st_gid)
+
+
+def _node_edit(node: DeviceNode) -> DeviceNodeEdit:
+    """One node of the spec, with the host node's mode and group.
+
+    runc makes a node the OCI spec gives no mode 0666 and the CDI library fills in only type
+    and numbers, so without ``fileMode`` a 0600 host node would be open to every user of the
+    container. The group is carried too: a root:render 0660 node then grants the container's
+    members of that group what it grants them on the host (as podman's --device, containerd
+    and CRI-O do for device specs); without it the library gives the node the process's own
+    group, or root's, and the group's access goes to others. The owner is not carried: for
+    an absent uid the library gives the node to a non-root container's user (the one the
+    device was allocated to, as containerd's device_ownership_from_security_context does),
+    and to root otherwise, which owns device nodes on the host; a host uid would lock a
+    non-root container out of its own 0600 node.
+
+    A node that is not there (its device going away between scan and render) gets neither:
+    runtimes refuse to inject a host node they cannot stat, and the uevent that brings a node
+    back has its device re-read and so rendered again, with the node's access."""
+    access = host_access(node.host_path)
+    return DeviceNodeEdit(
+        path=node.container_path,
+        # Left out when equal, so the spec needs no newer cdiVersion than it must.
+        host_path=None if node.host_path == node.container_path else node.host_path,
+        permissions=node.permissions,
+        file_mode=None if access is None else access.mode,
+        gid=None if access is None else access.gid,
+    )
+
+
 def device_edits(info: DeviceInfo) -> ContainerEdits:
     """What a container gets for one device from its spec: nodes, mounts and CDI-only edits."""
-    nodes = tuple(
-        DeviceNodeEdit(
-            path=node.container_path,
-            # Left out when equal, so the spec needs no newer cdiVersion than it must.
-            host_path=None if node.host_path == node.container_path else node.host_path,
-            permissions=node.permissions,
-        )
-        for node in info.nodes
-    )
+    nodes = tuple(_node_edit(node) for node in info.nodes)
     mounts = tuple(
         MountEdit(
             host_path=mount.host_path,

@@ -5,7 +5,9 @@ that breaks one is dropped by the runtime, so devplug refuses to write it), plus
 spec text states and the library leaves out (absolute paths). ``minimum_version`` is the
 lowest ``cdiVersion`` that allows every field used, as the library's ``MinimumRequiredVersion``
 computes it: runtimes reject a spec whose version is lower than that, and older runtimes
-reject versions they do not know, so the lowest that works is the one to write.
+reject versions they do not know, so the lowest that works is the one to write. A device
+node's ``fileMode``, ``uid`` and ``gid`` are fields of the first version the library computes
+(0.3.0): both library generations read them at any version and neither raises it for them.
 """
 
 from __future__ import annotations
@@ -31,6 +33,10 @@ DEVICE_TYPES = frozenset({"b", "c", "u", "p"})
 # The library's (Kubernetes') limit on the summed length of annotation keys and values.
 MAX_ANNOTATIONS_BYTES = 256 * 1024
 MAX_UINT32 = 2**32 - 1
+# A node's fileMode: permission bits only. The library reads it as a Go os.FileMode, whose
+# type and special bits are not the Unix ones (os.ModeSetuid is 1 << 23, not 0o4000), and runc
+# masks only S_IFMT off before mknod: a value above 0o777 means different things to each.
+MAX_FILE_MODE = 0o777
 _EMPTY: Mapping[str, str] = MappingProxyType({})
 
 
@@ -44,6 +50,9 @@ class DeviceNodeEdit:
     permissions: str | None = None
     uid: int | None = None
     gid: int | None = None
+    # The node's permission bits in the container; None: the runtime's default, which for
+    # runc is 0666, whatever the host node's mode.
+    file_mode: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -162,6 +171,12 @@ def _edits_problems(edits: ContainerEdits, where: str) -> Iterator[str]:
         for number, what in ((node.uid, "uid"), (node.gid, "gid")):
             if number is not None and not 0 <= number <= MAX_UINT32:
                 yield f"{_at(nodes, node.path)}: {what} {number} out of range"
+        if node.file_mode is not None and not 0 <= node.file_mode <= MAX_FILE_MODE:
+            spot = _at(nodes, node.path)
+            yield (
+                f"{spot}: fileMode {node.file_mode:#o} is not permission bits "
+                f"(0 to {MAX_FILE_MODE:#o})"
+            )
     mounts = f"{where}.mounts"
     for mount in edits.mounts:
         if not mount.host_path:
@@ -278,6 +293,7 @@ def later_version(*versions: str) -> str:
 
 
 def _edits_version(edits: ContainerEdits) -> str:
+    # A node's fileMode, uid and gid need nothing above the lowest version (module docstring).
     needs = [VERSIONS[0]]
     if any(mount.type for mount in edits.mounts):
         needs.append("0.4.0")
@@ -324,6 +340,7 @@ def _node_document(node: DeviceNodeEdit) -> dict[str, Any]:
         ("type", node.type),
         ("major", node.major),
         ("minor", node.minor),
+        ("fileMode", node.file_mode),
         ("permissions", node.permissions),
         ("uid", node.uid),
         ("gid", node.gid),

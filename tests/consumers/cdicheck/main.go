@@ -8,7 +8,8 @@
 // spec file is reported under that file's path; a file with an error contributes no devices,
 // which is what makes podman answer "unresolvable CDI devices". With names, they are injected
 // into an empty OCI spec as podman injects `--device` names, and the device nodes the library
-// would give the runtime (type, major and minor filled in from the host) are reported.
+// would give the runtime (type, major and minor filled in from the host; file mode, uid and
+// gid as the spec and the process give them) are reported.
 //
 // Exit status: 0 when every spec file loads and every name resolves and injects; 1 otherwise;
 // 2 for a usage error (including a SPEC_DIR that is not a directory: the library would skip a
@@ -31,11 +32,24 @@ type specReport struct {
 	Devices    []string `json:"devices"`
 }
 
+// What the runtime gets for a node; FileMode, UID and GID are null where the library leaves
+// them to the runtime (runc then creates the node 0666, owned by 0:0).
 type deviceNode struct {
-	Path  string `json:"path"`
-	Type  string `json:"type"`
-	Major int64  `json:"major"`
-	Minor int64  `json:"minor"`
+	Path     string  `json:"path"`
+	Type     string  `json:"type"`
+	Major    int64   `json:"major"`
+	Minor    int64   `json:"minor"`
+	FileMode *uint32 `json:"fileMode"`
+	UID      *uint32 `json:"uid"`
+	GID      *uint32 `json:"gid"`
+}
+
+func permissionBits(mode *os.FileMode) *uint32 {
+	if mode == nil {
+		return nil
+	}
+	bits := uint32(mode.Perm())
+	return &bits
 }
 
 type report struct {
@@ -114,7 +128,9 @@ func main() {
 		}
 		if ociSpec.Linux != nil {
 			for _, d := range ociSpec.Linux.Devices {
-				out.Injected = append(out.Injected, deviceNode{d.Path, d.Type, d.Major, d.Minor})
+				out.Injected = append(out.Injected, deviceNode{
+					d.Path, d.Type, d.Major, d.Minor, permissionBits(d.FileMode), d.UID, d.GID,
+				})
 			}
 		}
 		if ociSpec.Process.Env != nil {
