@@ -7,10 +7,14 @@ root, a read-only dir is a chmod 0555 dir (EACCES) and the full-disk test is ski
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import errno
+import fcntl
 import json
+import math
 import os
+import shutil
 import signal
 import stat
 import subprocess
@@ -21,9 +25,9 @@ from pathlib import Path
 import aiofiles.os
 import pytest
 
-from devplug.cdi.files import SPEC_SUFFIXES, TEMP_PREFIX, remove_temp_files
+from devplug.cdi.files import SPEC_SUFFIXES, TEMP_PREFIX, UnsafeDirError, remove_temp_files
+from devplug.cdi.mutex import MUTEX_FILE, MUTEX_TIMEOUT_S, StateDirBusyError
 from devplug.cdi.ownership import (
-    MUTEX_FILE,
     STATE_DIR,
     OwnerLock,
     OwnerRecord,
@@ -35,7 +39,7 @@ from devplug.cdi.ownership import (
     write_record,
 )
 from devplug.cdi.stamps import file_stamp
-from devplug.cdi.store import ForeignSpecError, SpecHeldError, SpecStore
+from devplug.cdi.store import ForeignSpecError, SpecConflictsError, SpecHeldError, SpecStore
 
 RESOURCE = "example.com/serial"
 NAME = "example.com-serial.json"
@@ -385,9 +389,20 @@ async def test_an_unwritable_dir_raises_and_keeps_the_old_spec(
         b"cdiVersion: 0.6.0\nkind: example.com/serial\n",  # YAML in a .json file
         b"",
         b"\xff\xfe not text",
-        spec(),  # exactly what devplug would write, but devplug never wrote it: no record
+        # devplug's shape, but not the bytes it writes now, and no record: not provably its own.
+        spec(1),
+        spec().replace(b"dev0", b"dev1"),  # the size of the bytes devplug writes, not them
     ],
-    ids=["json", "other-annotations", "other-owner", "yaml", "empty", "binary", "lookalike"],
+    ids=[
+        "json",
+        "other-annotations",
+        "other-owner",
+        "yaml",
+        "empty",
+        "binary",
+        "lookalike",
+        "same-size",
+    ],
 )
 async def test_a_file_devplug_did_not_write_is_never_replaced(
     tmp_path: Path, store_of: StoreFactory, content: bytes
@@ -634,6 +649,152 @@ async def test_cdi_generate_records_name_no_running_owner(
     # A later generate run may not take a running daemon's spec.
     with pytest.raises(SpecHeldError):
         await generated.write(NAME, RESOURCE, spec(3))
+
+
+@pytest.mark.parametrize("lock", [True, False], ids=["daemon", "generate"])
+async def test_a_copy_of_devplugs_spec_without_its_record_is_recognised_by_content(
+    tmp_path: Path, store_of: StoreFactory, lock: bool
+) -> None:
+    """A spec copied from another CDI dir (its record stays behind there) holds exactly the
+    bytes devplug writes: it is devplug's, kept as it is, and recorded."""
+    source = tmp_path / "from"
+    source.mkdir()
+    await (await store_of(source)).write(NAME, RESOURCE, spec(4))
+    copy = tmp_path / "to"
+    copy.mkdir()
+    shutil.copy2(source / NAME, copy / NAME)
+    before = file_stamp(copy / NAME)
+    store = await store_of(copy, lock=lock)
+    kept = await store.write(NAME, RESOURCE, spec(4))
+    assert not kept.changed and kept.stamp == before == file_stamp(copy / NAME)
+    record = await read_record(copy, NAME)
+    assert record is not None and record.owner == store.owner
+    assert record.contents == (content_id(spec(4)),)
+    assert (await store.write(NAME, RESOURCE, spec(5))).changed  # ours from now on
+
+
+async def test_write_all_names_every_name_taken_and_leaves_nothing_behind(
+    tmp_path: Path,
+) -> None:
+    names = ["example.com-a.json", "example.com-b.json", "example.com-c.json"]
+    (tmp_path / names[0]).write_bytes(FOREIGN)
+    (tmp_path / names[2]).write_bytes(legacy_spec(instance="vfio"))
+    generated = SpecStore(tmp_path, INSTANCE)  # `devplug cdi generate`: no lock
+    with pytest.raises(SpecConflictsError) as refused:
+        await generated.write_all([(n, RESOURCE, spec(i)) for i, n in enumerate(names)])
+    message = str(refused.value.strerror)
+    assert message.startswith("2 spec files are taken") and "nothing was written" in message
+    assert f"{tmp_path / names[0]} exists and was not written by devplug" in message
+    assert f"{tmp_path / names[2]} was written by an earlier devplug of instance 'vfio'" in message
+    assert len(refused.value.conflicts) == 2 and refused.value.errno == errno.EEXIST
+    # Nothing written, nothing made: no spec, no state dir, no lock or mutex file.
+    assert sorted(os.listdir(tmp_path)) == [names[0], names[2]]
+
+
+async def test_a_generate_prune_takes_only_what_its_own_config_wrote(tmp_path: Path) -> None:
+    """Two configs with the same scanners (so the same instance) generate into one dir: each
+    one's prune leaves the other's specs, and specs whose config is not known, alone."""
+    serial = SpecStore(tmp_path, INSTANCE, config="/etc/devplug/serial.yaml")
+    dry_run = SpecStore(tmp_path, INSTANCE, config="/etc/devplug/dry-run.yaml")
+    await serial.write_all([("example.com-serial.json", RESOURCE, spec(1))])
+    await dry_run.write_all([("example.com-null.json", "example.com/null", spec(2))])
+    daemon_like = SpecStore(tmp_path, INSTANCE)  # no config: a record of a daemon's kind
+    await daemon_like.write("example.com-kept.json", "example.com/kept", spec(3))
+    (tmp_path / "example.com-old.json").write_bytes(legacy_spec(resource="example.com/old"))
+    record = await read_record(tmp_path, "example.com-serial.json")
+    assert record is not None and record.config == "/etc/devplug/serial.yaml"
+
+    candidates = await serial.stale_candidates()
+    assert candidates == [
+        "example.com-kept.json",
+        "example.com-null.json",
+        "example.com-old.json",
+        "example.com-serial.json",
+    ]
+    # The serial config still makes its resource: everything else is tried, nothing goes.
+    assert [n for n in candidates[:3] if await serial.remove_stale(n) is not None] == []
+    # The serial config no longer makes its resource: its own prune takes its spec.
+    assert await serial.remove_stale("example.com-serial.json") == RESOURCE
+    assert listing(tmp_path) == [
+        "example.com-kept.json",
+        "example.com-null.json",
+        "example.com-old.json",
+    ]
+
+
+@pytest.mark.parametrize("wrong", ["mode", "owner"])
+async def test_a_state_dir_others_may_write_in_is_refused_with_its_reason(
+    tmp_path: Path, wrong: str
+) -> None:
+    state = tmp_path / STATE_DIR
+    state.mkdir(mode=0o700)
+    if wrong == "mode":
+        state.chmod(0o777)
+        expected = f"{state} is writable by other users (mode 0777): refused"
+    else:
+        if not ROOT:
+            pytest.skip("giving the state dir to another user needs root")
+        os.chown(state, 65534, 65534)
+        expected = f"{state} belongs to uid 65534, not to devplug's uid 0: refused"
+    store = SpecStore(tmp_path, INSTANCE, OwnerLock(tmp_path))
+    for attempt in (store.prepare(), store.write(NAME, RESOURCE, spec())):
+        with pytest.raises(UnsafeDirError) as refused:
+            await attempt
+        assert str(refused.value.strerror).startswith(expected)
+        assert "remove it and devplug makes it again" in str(refused.value.strerror)
+    generated = SpecStore(tmp_path, INSTANCE)
+    with pytest.raises(UnsafeDirError):
+        await generated.write_all([(NAME, RESOURCE, spec())])
+    assert os.listdir(state) == [] and not (tmp_path / NAME).exists()
+
+
+@pytest.mark.parametrize("planted", ["fifo", "symlink"])
+async def test_a_mutex_that_is_not_a_file_is_refused_without_waiting_on_it(
+    tmp_path: Path, store_of: StoreFactory, planted: str
+) -> None:
+    """Opening a FIFO for reading waits for a writer: without O_NONBLOCK the CDI work (and
+    a shutdown awaiting it) would hang on it for ever."""
+    store = await store_of(tmp_path)
+    mutex = tmp_path / STATE_DIR / MUTEX_FILE
+    with contextlib.suppress(FileNotFoundError):
+        mutex.unlink()
+    if planted == "fifo":
+        os.mkfifo(mutex, 0o600)
+    else:
+        mutex.symlink_to(tmp_path / "elsewhere")
+    try:
+        async with asyncio.timeout(10):  # a bound on a hang
+            with pytest.raises(UnsafeDirError) as refused:
+                await store.write(NAME, RESOURCE, spec())
+    finally:
+        if planted == "fifo":
+            with contextlib.suppress(OSError):  # a reader blocked in open() gets its writer
+                os.close(os.open(mutex, os.O_WRONLY | os.O_NONBLOCK))
+    kind = "a FIFO" if planted == "fifo" else "a symlink"
+    assert str(refused.value.strerror) == (
+        f"{mutex} is not a regular file ({kind}): refused; remove it and devplug makes it again"
+    )
+    assert not (tmp_path / NAME).exists() and not (tmp_path / "elsewhere").exists()
+
+
+async def test_waits_for_a_held_mutex_end_at_the_stores_limit(
+    tmp_path: Path, store_of: StoreFactory
+) -> None:
+    store = await store_of(tmp_path)
+    await store.write(NAME, RESOURCE, spec())
+    holder = os.open(tmp_path / STATE_DIR / MUTEX_FILE, os.O_RDONLY)
+    try:
+        fcntl.flock(holder, fcntl.LOCK_EX)  # another process's check-then-act, frozen
+        store.limit_waits(-math.inf)  # stopping: no more waiting
+        async with asyncio.timeout(MUTEX_TIMEOUT_S / 2):  # a bound on a hang
+            with pytest.raises(StateDirBusyError, match="held by another process"):
+                await store.remove(NAME)
+        assert (tmp_path / NAME).exists()
+        store.limit_waits(math.inf)
+        fcntl.flock(holder, fcntl.LOCK_UN)
+        assert await store.remove(NAME)
+    finally:
+        os.close(holder)
 
 
 def test_an_owner_record_that_is_not_one_reads_as_none() -> None:

@@ -12,7 +12,10 @@ that failed before its fix.
 - a holder that dies without a trace in the CDI dir (keep_on_exit, kill -9) is taken over
   at once, not at the next back-off retry;
 - ``truncate(2)`` (IN_MODIFY only) is noticed;
-- an unreadable record with no spec blocks nothing.
+- an unreadable record with no spec blocks nothing;
+- a state dir others may write in is refused, in one line;
+- nothing in the state dir holds up a stop: a frozen holder of its mutex, or a FIFO planted
+  at the mutex's name (a real ``devplug run`` and SIGTERM, as a pod's stop sends it).
 """
 
 from __future__ import annotations
@@ -20,8 +23,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
+import fcntl
+import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import threading
@@ -35,13 +41,26 @@ import structlog
 
 from devplug.cdi import store as store_module
 from devplug.cdi.files import read_bounded
-from devplug.cdi.ownership import STATE_DIR, OwnerLock, owner_alive, read_record, record_path
+from devplug.cdi.mutex import MUTEX_FILE
+from devplug.cdi.ownership import (
+    STATE_DIR,
+    OwnerLock,
+    owner_alive,
+    read_record,
+    record_path,
+)
 from devplug.cdi.stamps import file_stamp
 from devplug.cdi.store import ForeignSpecError, SpecHeldError, SpecStore
 from devplug.config import CdiSettings, Settings
 from devplug.model import DeviceInfo, DeviceNode, Health
-from devplug.testing.harness import StaticScanner, daemon_settings, running_daemon
+from devplug.testing.harness import (
+    StaticScanner,
+    daemon_process,
+    daemon_settings,
+    running_daemon,
+)
 from devplug.testing.simulator import KubeletSimulator
+from devplug.testing.umockdev import UmockdevHost, add_usb_serial
 
 SERIAL = "example.com/serial"
 NAME = "example.com-serial.json"
@@ -50,6 +69,8 @@ SPEC = (
     b'"containerEdits":{"deviceNodes":[{"path":"/dev/null"}]}}]}\n'
 )
 FOREIGN = SPEC.replace(b'"a"', b'"X"').replace(b"/dev/null", b"/dev/zero")
+# What a pod's stop allows before the kubelet's SIGKILL (terminationGracePeriodSeconds).
+POD_GRACE_S = 30.0
 
 
 def devices(count: int) -> dict[str, DeviceInfo]:
@@ -425,3 +446,133 @@ async def test_a_device_node_named_like_a_spec_is_never_opened(tmp_path: Path) -
         patch.setattr(os, "open", watching)
         assert await read_bounded(fifo, 4096) is None
     assert str(fifo) not in opened
+
+
+# ------------------------------------------------------------------------- the state dir
+
+
+async def test_a_state_dir_others_may_write_in_is_refused_in_one_line(
+    kubelet: KubeletSimulator, kubelet_dir: Path, cdi_dir: Path
+) -> None:
+    """Accepted as it was, anyone could plant records there that make a foreign file
+    devplug's to replace or delete. Refused with its reason and the fix; removed, the next
+    retry writes the spec."""
+    state = cdi_dir / STATE_DIR
+    state.mkdir(parents=True)
+    state.chmod(0o777)
+    with structlog.testing.capture_logs() as logs:
+        async with running_daemon(
+            settings(kubelet_dir, cdi_dir), [StaticScanner({SERIAL: devices(1)})]
+        ) as daemon:
+            await kubelet.wait_for_plugin(SERIAL)
+            await daemon.stats.wait_for(lambda s: s.cdi_failures >= 1, timeout=5)
+            assert not (cdi_dir / NAME).exists() and os.listdir(state) == []
+            shutil.rmtree(state)  # the fix the line gives
+            await daemon.stats.wait_for(lambda s: SERIAL in s.cdi_specs, timeout=6)
+            assert (state.stat().st_mode & 0o777) == 0o700
+    reason = (
+        f"EPERM: {state} is writable by other users (mode 0777): refused; remove it and "
+        "devplug makes it again (mode 0700)"
+    )
+    told = [e for e in logs if reason in str(e.get("reason", "")) and e["log_level"] != "debug"]
+    assert [(e["event"], e["log_level"]) for e in told] == [("cdi.spec.write_failed", "warning")]
+    assert told[0]["reason"] == reason
+    assert [e for e in logs if e["event"] == "cdi.sync.failed"] == []
+
+
+async def test_a_frozen_holder_of_the_state_dirs_mutex_cannot_hold_up_the_shutdown(
+    kubelet: KubeletSimulator, kubelet_dir: Path, cdi_dir: Path
+) -> None:
+    """Each removal used to wait 5 s for the mutex: 8 specs took 40 s, past a pod's 30 s grace.
+    Now the whole close has CLOSE_TIMEOUT_S; what it could not remove stays, named in one
+    line, and the next start of the instance removes it."""
+    resources = {f"example.com/s{i}": devices(1) for i in range(8)}
+    files = sorted(f"example.com-s{i}.json" for i in range(8))
+    config = settings(kubelet_dir, cdi_dir)
+    holder: int | None = None
+    try:
+        with structlog.testing.capture_logs() as logs:
+            async with asyncio.timeout(POD_GRACE_S):  # a bound on the stop, not a latency
+                async with running_daemon(config, [StaticScanner(resources)]) as daemon:
+                    await daemon.stats.wait_for(lambda s: len(s.cdi_specs) == 8, timeout=10)
+                    holder = os.open(cdi_dir / STATE_DIR / MUTEX_FILE, os.O_RDONLY)
+                    fcntl.flock(holder, fcntl.LOCK_EX)  # another process's, frozen
+        (incomplete,) = [e for e in logs if e["event"] == "cdi.close.incomplete"]
+        assert incomplete["log_level"] == "warning" and sorted(incomplete["left"]) == files
+        assert all(r.startswith("EAGAIN: ") for r in incomplete["left"].values()), incomplete
+        assert sorted(p.name for p in cdi_dir.glob("*.json")) == files
+    finally:
+        if holder is not None:
+            os.close(holder)
+    async with running_daemon(config, [StaticScanner({})]):
+        await eventually(lambda: not list(cdi_dir.glob("*.json")))
+
+
+PROBE_CONFIG = """
+hotplug: {source: kernel, coalesce_ms: 2, poll_s: 3600, resync_s: 3600}
+scanners:
+  generic:
+"""
+PROBE_RESOURCES = 7  # 7 x 5 s: past a pod's grace on the code that waited per spec
+
+
+@pytest.mark.parametrize("planted", ["fifo-at-the-mutex", "held-mutex"])
+async def test_sigterm_with_a_fifo_or_a_held_lock_in_the_state_dir(
+    host: UmockdevHost,
+    kubelet: KubeletSimulator,
+    kubelet_dir: Path,
+    short_dir: Path,
+    tmp_path: Path,
+    planted: str,
+) -> None:
+    """A probe of the whole daemon, as a pod's stop meets it: a FIFO at ``.devplug/.mutex``
+    (opened without O_NONBLOCK, it hung the stop for good) or another process holding the
+    mutex. SIGTERM still ends ``devplug run`` with status 0 within the grace period, its
+    plugin sockets gone, and the specs it could not remove are named."""
+    config = short_dir / "config.yaml"
+    match = '{subsystem: tty, devnode: "/dev/ttyUSB%d"}'
+    entries = "".join(
+        f"    - {{resource: example.com/s{i}, match: {match % i}}}\n"
+        for i in range(PROBE_RESOURCES)
+    )
+    config.write_text(PROBE_CONFIG + entries)
+    for index in range(PROBE_RESOURCES):
+        add_usb_serial(host, index=index)
+    cdi_dir = kubelet_dir.parent / "cdi"  # daemon_process's
+    files = sorted(f"example.com-s{i}.json" for i in range(PROBE_RESOURCES))
+    log = tmp_path / "run.log"
+    mutex = cdi_dir / STATE_DIR / MUTEX_FILE
+    holder: int | None = None
+    try:
+        async with daemon_process(config, kubelet_dir, env=host.env(), output=log) as process:
+            for index in range(PROBE_RESOURCES):
+                await kubelet.wait_for_plugin(f"example.com/s{index}", timeout=30)
+            await eventually(
+                lambda: sorted(p.name for p in cdi_dir.glob("*.json")) == files, timeout=30
+            )
+            if planted == "fifo-at-the-mutex":
+                mutex.unlink()
+                os.mkfifo(mutex, 0o600)
+            else:
+                holder = os.open(mutex, os.O_RDONLY)
+                fcntl.flock(holder, fcntl.LOCK_EX)
+            process.send_signal(signal.SIGTERM)
+            try:
+                async with asyncio.timeout(POD_GRACE_S):  # the kubelet's SIGKILL comes then
+                    status = await process.wait()
+            finally:
+                if planted == "fifo-at-the-mutex":
+                    with contextlib.suppress(OSError):  # a reader stuck in open() gets a writer
+                        os.close(os.open(mutex, os.O_WRONLY | os.O_NONBLOCK))
+    finally:
+        if holder is not None:
+            os.close(holder)
+    assert status == 0
+    assert [n for n in os.listdir(kubelet_dir) if n.startswith("devplug")] == []
+    lines = [json.loads(line) for line in log.read_text().splitlines() if line.startswith("{")]
+    events = [e["event"] for e in lines]
+    assert "daemon.stopped" in events
+    (incomplete,) = [e for e in lines if e["event"] == "cdi.close.incomplete"]
+    assert sorted(incomplete["left"]) == files
+    expected = "EPERM: " if planted == "fifo-at-the-mutex" else "EAGAIN: "
+    assert all(r.startswith(expected) for r in incomplete["left"].values()), incomplete

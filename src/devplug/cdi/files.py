@@ -146,41 +146,93 @@ def _no_follow(path: str, flags: int) -> int:
     return os.open(path, flags | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY)
 
 
+def read_bounded_now(path: Path, limit: int) -> bytes | None:
+    """:func:`read_bounded`, in the calling thread (for a worker thread's batch of files)."""
+    try:
+        # Looked at before it is opened: opening some devices acts (a watchdog node arms).
+        named = os.stat(path, follow_symlinks=False)
+        if not stat.S_ISREG(named.st_mode):
+            return None
+        handle = _no_follow(str(path), os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        info = os.fstat(handle)
+        if not stat.S_ISREG(info.st_mode) or info.st_ino != named.st_ino:
+            return None
+        chunks: list[bytes] = []
+        left = limit + 1
+        while left > 0:
+            chunk = os.read(handle, left)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            left -= len(chunk)
+        return b"".join(chunks)
+    except OSError:
+        return None
+    finally:
+        os.close(handle)
+
+
+_read_bounded = aiofiles.os.wrap(read_bounded_now)
+
+
 async def read_bounded(path: Path, limit: int) -> bytes | None:
     """At most ``limit`` bytes from the start of ``path``, if it is a regular file (a symlink,
     FIFO or device is never opened through); None if it cannot be read. Reads ``limit + 1``
-    at most, so callers can tell a file that fits from one that is longer."""
+    at most, so callers can tell a file that fits from one that is longer. One worker-thread
+    hop: a clean-up may look at thousands of files."""
+    data: bytes | None = await _read_bounded(path, limit)
+    return data
+
+
+class UnsafeDirError(PermissionError):
+    """devplug's own dir is not safe to trust: another user owns it, or others may write in it
+    (they could forge the records that say which specs are devplug's). Refused, not repaired:
+    what such a dir holds may already be someone else's."""
+
+
+def ensure_dir_now(directory: Path, mode: int = DIR_MODE, *, own: bool = False) -> None:
+    """:func:`ensure_dir`, in the calling thread."""
     try:
-        # Looked at before it is opened: opening some devices acts (a watchdog node arms).
-        named = await aiofiles.os.stat(path, follow_symlinks=False)
-        if not stat.S_ISREG(named.st_mode):
-            return None
-        async with aiofiles.open(path, "rb", opener=_no_follow) as handle:
-            info = await _fstat(handle.fileno())
-            if not stat.S_ISREG(info.st_mode) or info.st_ino != named.st_ino:
-                return None
-            return await handle.read(limit + 1)
-    except OSError:
-        return None
+        os.makedirs(directory, mode=mode, exist_ok=True)
+    except FileExistsError:
+        raise NotADirectoryError(errno.ENOTDIR, "not a directory", str(directory)) from None
+    if not own:
+        return
+    info = os.stat(directory, follow_symlinks=False)
+    if stat.S_ISLNK(info.st_mode):
+        raise NotADirectoryError(errno.ENOTDIR, "a symlink, not a directory", str(directory))
+    if info.st_uid != os.geteuid():
+        raise UnsafeDirError(
+            errno.EPERM,
+            f"{directory} belongs to uid {info.st_uid}, not to devplug's uid {os.geteuid()}: "
+            "refused; remove it and devplug makes it again",
+        )
+    if info.st_mode & 0o022:
+        raise UnsafeDirError(
+            errno.EPERM,
+            f"{directory} is writable by other users (mode {stat.S_IMODE(info.st_mode):04o}): "
+            f"refused; remove it and devplug makes it again (mode {mode:04o})",
+        )
+
+
+_ensure_dir = aiofiles.os.wrap(ensure_dir_now)
 
 
 async def ensure_dir(directory: Path, mode: int = DIR_MODE, *, own: bool = False) -> None:
     """Create ``directory`` (and its parents) if missing; raise OSError if it cannot be, or
-    is not a directory. ``own``: devplug's own dir, which must not be a symlink (whatever it
-    points at would get devplug's records, and lose its lock-like and temp-like files)."""
-    try:
-        await aiofiles.os.makedirs(directory, mode=mode, exist_ok=True)
-    except FileExistsError:
-        raise NotADirectoryError(errno.ENOTDIR, "not a directory", str(directory)) from None
-    if own and stat.S_ISLNK((await aiofiles.os.stat(directory, follow_symlinks=False)).st_mode):
-        raise NotADirectoryError(errno.ENOTDIR, "a symlink, not a directory", str(directory))
+    is not a directory. ``own``: devplug's own dir, which must be a real directory (not a
+    symlink: whatever it points at would get devplug's records, and lose its lock-like and
+    temp-like files) of devplug's user that no other user may write in
+    (:class:`UnsafeDirError`)."""
+    await _ensure_dir(directory, mode, own=own)
 
 
-async def remove_temp_files(directory: Path, min_age_s: float = 0.0) -> int:
-    """Delete temp files an interrupted devplug left behind, older than ``min_age_s`` (a
-    younger one may be another instance's write in progress); return how many."""
+def _remove_temp_files_now(directory: Path, min_age_s: float) -> int:
     try:
-        names = await aiofiles.os.listdir(directory)
+        names = os.listdir(directory)
     except OSError:
         return 0
     removed = 0
@@ -190,12 +242,23 @@ async def remove_temp_files(directory: Path, min_age_s: float = 0.0) -> int:
             continue
         path = directory / name
         try:
-            info = await aiofiles.os.stat(path, follow_symlinks=False)
+            info = os.stat(path, follow_symlinks=False)
             if not stat.S_ISREG(info.st_mode) or now - info.st_mtime < min_age_s:
                 continue
-            await aiofiles.os.unlink(path)
+            os.unlink(path)
             removed += 1
         except OSError as exc:
             if exc.errno != errno.ENOENT:
                 raise
+    return removed
+
+
+_remove_temp_files = aiofiles.os.wrap(_remove_temp_files_now)
+
+
+async def remove_temp_files(directory: Path, min_age_s: float = 0.0) -> int:
+    """Delete temp files an interrupted devplug left behind, older than ``min_age_s`` (a
+    younger one may be another instance's write in progress); return how many. One
+    worker-thread hop for the whole dir, however many files it holds."""
+    removed: int = await _remove_temp_files(directory, min_age_s)
     return removed

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import NamedTuple
@@ -47,25 +48,37 @@ def tree_specs(tree: DeviceTree, kinds: Mapping[str, str]) -> dict[str, Resource
     return specs
 
 
+def config_identity(config_file: Path | None) -> str:
+    """What names the config of a ``cdi generate`` run in its records: the config file's
+    absolute path as given (not resolved: a symlink flipped to a new version is still the same
+    config), "" when none was given (flags and environment only)."""
+    return os.path.abspath(config_file) if config_file is not None else ""
+
+
 async def write_tree_specs(
     directory: Path,
     specs: Mapping[str, ResourceSpec],
     instance: str = DEFAULT_INSTANCE,
     *,
     prune: bool = False,
+    config: str = "",
 ) -> tuple[list[str], list[str]]:
-    """Write ``specs`` into ``directory`` as ``instance``'s; with ``prune``, also delete that
-    instance's other specs there (resources the host no longer has) whose daemon, if any, is
-    gone. Return (written, removed) file names.
+    """Write ``specs`` into ``directory`` as ``instance``'s, made from ``config`` (see
+    :func:`config_identity`); with ``prune``, also delete the specs there that the same
+    instance and config wrote before and makes no more (resources the host no longer has,
+    entries taken out of the config), whose daemon, if any, is gone. Return (written,
+    removed) file names.
 
     Raises ForeignSpecError / SpecHeldError (devplug.cdi.store) for a name someone else
-    holds, before anything is written.
+    holds, SpecConflictsError naming every one for several, before anything is written or
+    created in ``directory``.
     """
-    store = SpecStore(directory, instance)
-    await store.prepare()
+    store = SpecStore(directory, instance, config=config)
     ordered = sorted(specs.items())
-    # All or none: a name someone else holds fails the run before any spec is written.
-    await store.write_all([(name, resource, spec_json(spec)) for name, (resource, spec) in ordered])
+    if ordered:
+        # All or none: a name someone else holds fails the run before any spec is written.
+        data = [(name, resource, spec_json(spec)) for name, (resource, spec) in ordered]
+        await store.write_all(data)  # checks every name before it creates anything
     written = [name for name, _ in ordered]
     removed = []
     if prune:
@@ -81,9 +94,10 @@ def write_tree_specs_blocking(
     instance: str = DEFAULT_INSTANCE,
     *,
     prune: bool = False,
+    config: str = "",
 ) -> tuple[list[str], list[str]]:
     """:func:`write_tree_specs` for a command line without a running loop."""
-    return asyncio.run(write_tree_specs(directory, specs, instance, prune=prune))
+    return asyncio.run(write_tree_specs(directory, specs, instance, prune=prune, config=config))
 
 
 def specs_text(specs: Mapping[str, ResourceSpec]) -> str:

@@ -8,7 +8,7 @@ specs of the resources advertised now stay, for the sync's first pass to check.
 
 from __future__ import annotations
 
-from collections.abc import Set
+from collections.abc import Awaitable, Callable, Set
 
 import structlog
 
@@ -24,23 +24,27 @@ log = structlog.get_logger("devplug.cdi")
 TEMP_FILE_MIN_AGE_S = 60.0
 
 
-async def remove_leftovers(store: SpecStore, wanted: Set[str]) -> bool:
+async def remove_leftovers(
+    store: SpecStore, wanted: Set[str], pause: Callable[[], Awaitable[None]]
+) -> None:
     """Delete this instance's specs of earlier runs but those named in ``wanted`` (the spec
-    files of the resources advertised now), old temp files and the locks of daemons gone; True
-    when done (False: the dir could not be read, try again)."""
+    files of the resources advertised now), old temp files and the locks of daemons gone.
+
+    Raises OSError when the dir cannot be used (to be tried again). ``pause`` is awaited
+    before each spec's removal (the sync's: it ends the clean-up once the daemon stops). Each
+    look through a dir is one worker-thread hop, so that thousands of other writers' files
+    cost little (their names, and the first 4 KiB of their ``*.json`` files).
+    """
     directory = store.directory
-    try:
-        await store.prepare()
-        stale_temps = await remove_temp_files(directory, TEMP_FILE_MIN_AGE_S)
-        stale_temps += await remove_temp_files(state_dir(directory), TEMP_FILE_MIN_AGE_S)
-        await store.remove_dead_locks()
-        candidates = await store.stale_candidates()
-    except OSError as exc:
-        log.warning("cdi.reconcile.failed", dir=str(directory), reason=error_reason(exc))
-        return False
+    await store.prepare()
+    stale_temps = await remove_temp_files(directory, TEMP_FILE_MIN_AGE_S)
+    stale_temps += await remove_temp_files(state_dir(directory), TEMP_FILE_MIN_AGE_S)
+    await store.remove_dead_locks()
+    candidates = await store.stale_candidates()
     for name in candidates:
         if name in wanted:
             continue
+        await pause()
         try:
             resource = await store.remove_stale(name)
         except OSError as exc:
@@ -50,4 +54,3 @@ async def remove_leftovers(store: SpecStore, wanted: Set[str]) -> bool:
             log.info("cdi.spec.removed", file=name, resource=resource, reason="stale")
     if stale_temps:
         log.info("cdi.temp_files.removed", count=stale_temps)
-    return True

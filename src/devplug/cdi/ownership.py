@@ -18,7 +18,6 @@ and files of other extensions). It holds
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import errno
 import fcntl
@@ -27,7 +26,6 @@ import json
 import os
 import re
 import uuid
-from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -35,10 +33,12 @@ import aiofiles.os
 
 from devplug.cdi.files import (
     TEMP_PREFIX,
+    check_spec_file_name,
     create_exclusively,
     ensure_dir,
     fsync_dir,
     read_bounded,
+    read_bounded_now,
     write_atomically,
 )
 from devplug.cdi.stamps import FileStamp, stamp_of
@@ -75,14 +75,19 @@ class OwnerRecord:
     instance: str
     owner: str  # the running daemon's lock name; "" for `devplug cdi generate` (no daemon)
     contents: tuple[tuple[str, int], ...]  # (sha256, size) of the last contents, newest first
+    # The config file that `devplug cdi generate` ran with ("" for none given, None for a
+    # daemon's record): its --prune removes only what that same config wrote.
+    config: str | None = None
 
     def to_bytes(self) -> bytes:
-        document = {
+        document: dict[str, object] = {
             "resource": self.resource,
             "instance": self.instance,
             "owner": self.owner,
             "contents": [list(c) for c in self.contents],
         }
+        if self.config is not None:
+            document["config"] = self.config
         return json.dumps(document, separators=(",", ":")).encode() + b"\n"
 
     @classmethod
@@ -91,13 +96,16 @@ class OwnerRecord:
             document = json.loads(data)
             resource, instance, owner = (document[k] for k in ("resource", "instance", "owner"))
             contents = tuple((h, n) for h, n in document["contents"])
+            config = document.get("config")
         except (ValueError, TypeError, KeyError, UnicodeDecodeError, RecursionError):
             return None
         if not all(isinstance(h, str) and type(n) is int and 0 <= n < 1 << 40 for h, n in contents):
             return None
         if not all(isinstance(v, str) for v in (resource, instance, owner)):
             return None
-        return cls(resource, instance, owner, contents)
+        if config is not None and not isinstance(config, str):
+            return None
+        return cls(resource, instance, owner, contents, config)
 
     def names(self, data_id: tuple[str, int]) -> bool:
         return data_id in self.contents
@@ -155,67 +163,77 @@ async def remove_record(cdi_dir: Path, spec_file: str) -> None:
     await fsync_dir(directory)
 
 
-async def recorded_specs(cdi_dir: Path) -> list[str]:
-    """The spec file names that have a record (whatever their state)."""
+def _spec_file_name(name: str) -> bool:
     try:
-        names = await aiofiles.os.listdir(state_dir(cdi_dir))
+        check_spec_file_name(name)
+    except ValueError:
+        return False  # anything else in the dir, or in the state dir, is not ours to judge
+    return True
+
+
+def _stale_candidates_now(cdi_dir: Path) -> list[str]:
+    try:
+        recorded = {
+            n[: -len(RECORD_SUFFIX)]
+            for n in os.listdir(state_dir(cdi_dir))
+            if n.endswith(RECORD_SUFFIX)
+        }
     except OSError:
-        return []
-    return sorted(
-        n[: -len(RECORD_SUFFIX)]
-        for n in names
-        if n.endswith(RECORD_SUFFIX) and not n.startswith(".")
+        recorded = set()
+    try:
+        names = os.listdir(cdi_dir)
+    except FileNotFoundError:
+        names = []
+    found = {n for n in recorded if _spec_file_name(n)}
+    # Only a name without a record is opened (for an old devplug spec's first 4 KiB).
+    found.update(
+        name
+        for name in names
+        if name not in found
+        and _spec_file_name(name)
+        and legacy_owner_now(cdi_dir / name) is not None
     )
+    return sorted(found)
 
 
-async def owner_alive(cdi_dir: Path, owner: str) -> bool:
-    """Whether the daemon ``owner`` still runs (holds its lock)."""
+_stale_candidates = aiofiles.os.wrap(_stale_candidates_now)
+
+
+async def stale_candidates(cdi_dir: Path) -> list[str]:
+    """Spec file names in ``cdi_dir`` that may be devplug's from an earlier run: those with a
+    record, and ``*.json`` files without one that are old devplug specs (their first 4 KiB
+    tell). One worker-thread hop, however many files the dir holds: other writers' files
+    must not cost devplug's own specs."""
+    found: list[str] = await _stale_candidates(cdi_dir)
+    return found
+
+
+def _owner_alive_now(cdi_dir: Path, owner: str) -> bool:
     if not _OWNER.match(owner):
         return False
     path = state_dir(cdi_dir) / (owner + LOCK_SUFFIX)
     try:
-        handle = await _open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        handle = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY)
     except (FileNotFoundError, NotADirectoryError):
         return False
     except OSError:
         return True  # cannot tell (EMFILE, EACCES, ...): never take a live daemon's files
     try:
-        await _flock(handle, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        fcntl.flock(handle, fcntl.LOCK_SH | fcntl.LOCK_NB)
     except OSError:
         return True  # EWOULDBLOCK: held; anything else: cannot tell
     finally:
-        await _close(handle)  # closing drops the shared lock taken just now
+        os.close(handle)  # closing drops the shared lock taken just now
     return False
 
 
-MUTEX_FILE = ".mutex"
-MUTEX_TIMEOUT_S = 5.0
+_owner_alive = aiofiles.os.wrap(_owner_alive_now)
 
 
-@contextlib.asynccontextmanager
-async def exclusive(cdi_dir: Path) -> AsyncIterator[None]:
-    """Hold the state dir's mutex (flock on ``.devplug/.mutex``) for one check-then-act on
-    ownership: deciding a spec is free, dead or stale and then writing or deleting it must
-    not interleave with another daemon doing the same. Held for milliseconds; the kernel drops
-    it if the holder dies. Raises OSError (EAGAIN) after MUTEX_TIMEOUT_S."""
-    directory = state_dir(cdi_dir)
-    await ensure_dir(cdi_dir)
-    await ensure_dir(directory, STATE_DIR_MODE, own=True)
-    handle = await _open(directory / MUTEX_FILE, os.O_RDONLY | os.O_CREAT | os.O_NOFOLLOW, 0o600)
-    try:
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + MUTEX_TIMEOUT_S
-        while True:
-            try:
-                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if loop.time() > deadline:
-                    raise OSError(errno.EAGAIN, "the CDI state dir is busy") from None
-                await asyncio.sleep(0.005)
-        yield
-    finally:
-        await _close(handle)
+async def owner_alive(cdi_dir: Path, owner: str) -> bool:
+    """Whether the daemon ``owner`` still runs (holds its lock)."""
+    alive: bool = await _owner_alive(cdi_dir, owner)
+    return alive
 
 
 class OwnerLock:
@@ -247,8 +265,12 @@ class OwnerLock:
         await ensure_dir(directory, STATE_DIR_MODE, own=True)
         # Locked before it gets its name, so nobody ever sees the file unlocked while we live.
         temp = directory / f"{TEMP_PREFIX}{self.owner}"
-        # Read-only: an fd open for writing would keep a read-only remount of the dir from working.
-        handle = await _open(temp, os.O_RDONLY | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+        with contextlib.suppress(FileNotFoundError):
+            await aiofiles.os.unlink(temp)  # an earlier try's, or anything planted there
+        # Read-only: an fd open for writing would keep a read-only remount of the dir from
+        # working. A new file (O_EXCL), never opened through what someone put at the name.
+        flags = os.O_RDONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_NONBLOCK
+        handle = await _open(temp, flags, 0o600)
         try:
             await _flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
             await aiofiles.os.replace(temp, self.path)
@@ -273,10 +295,10 @@ class OwnerLock:
             await _close(handle)
 
 
-async def remove_dead_locks(cdi_dir: Path) -> int:
-    """Delete lock files whose daemon is gone (killed, say); return how many."""
+def _remove_dead_locks_now(cdi_dir: Path) -> int:
+    directory = state_dir(cdi_dir)
     try:
-        names = await aiofiles.os.listdir(state_dir(cdi_dir))
+        names = os.listdir(directory)
     except OSError:
         return 0
     removed = 0
@@ -284,14 +306,24 @@ async def remove_dead_locks(cdi_dir: Path) -> int:
         owner = name[: -len(LOCK_SUFFIX)]
         if not name.endswith(LOCK_SUFFIX) or not _OWNER.match(owner):
             continue
-        if await owner_alive(cdi_dir, owner):
+        if _owner_alive_now(cdi_dir, owner):
             continue
         try:
-            await aiofiles.os.unlink(state_dir(cdi_dir) / name)
+            os.unlink(directory / name)
             removed += 1
         except OSError as exc:
             if exc.errno != errno.ENOENT:
                 raise
+    return removed
+
+
+_remove_dead_locks = aiofiles.os.wrap(_remove_dead_locks_now)
+
+
+async def remove_dead_locks(cdi_dir: Path) -> int:
+    """Delete lock files whose daemon is gone (killed, say); return how many. One
+    worker-thread hop for the whole state dir, however many files it holds."""
+    removed: int = await _remove_dead_locks(cdi_dir)
     return removed
 
 
@@ -301,10 +333,9 @@ class LegacyOwner:
     instance: str
 
 
-async def legacy_owner(path: Path) -> LegacyOwner | None:
-    """The owner of a spec devplug wrote before it kept records (ownership annotations in a
-    0.6.0 spec), read from the file's first few KiB only; None for anything else."""
-    prefix = await read_bounded(path, LEGACY_PREFIX_BYTES)
+def legacy_owner_now(path: Path) -> LegacyOwner | None:
+    """:func:`legacy_owner`, in the calling thread (for a worker thread's batch of files)."""
+    prefix = read_bounded_now(path, LEGACY_PREFIX_BYTES)
     if prefix is None:
         return None
     head, found, _ = prefix.partition(b',"devices":[')
@@ -323,3 +354,13 @@ async def legacy_owner(path: Path) -> LegacyOwner | None:
         resource if isinstance(resource, str) else "",
         instance if isinstance(instance, str) else "",
     )
+
+
+_legacy_owner = aiofiles.os.wrap(legacy_owner_now)
+
+
+async def legacy_owner(path: Path) -> LegacyOwner | None:
+    """The owner of a spec devplug wrote before it kept records (ownership annotations in a
+    0.6.0 spec), read from the file's first few KiB only; None for anything else."""
+    owner: LegacyOwner | None = await _legacy_owner(path)
+    return owner

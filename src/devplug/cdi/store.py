@@ -19,7 +19,9 @@ most read for their first few KiB (to recognise an old devplug spec).
 
 from __future__ import annotations
 
+import contextlib
 import errno
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,18 +37,18 @@ from devplug.cdi.files import (
     stamp,
     write_atomically,
 )
+from devplug.cdi.mutex import exclusive
 from devplug.cdi.ownership import (
     OwnerLock,
     OwnerRecord,
     content_id,
-    exclusive,
     legacy_owner,
     owner_alive,
     read_record,
     record_path,
-    recorded_specs,
     remove_dead_locks,
     remove_record,
+    stale_candidates,
     write_record,
 )
 from devplug.cdi.stamps import FileStamp
@@ -72,6 +74,20 @@ class SpecHeldError(FileExistsError):
         self.owner = owner  # the holder's owner token (its lock's name), "" if unknown
 
 
+class SpecConflictsError(FileExistsError):
+    """Several spec names are held by others (:class:`ForeignSpecError`,
+    :class:`SpecHeldError`): every one is named, and nothing was written."""
+
+    def __init__(self, conflicts: Sequence[FileExistsError]) -> None:
+        reasons = "".join(f"\n  {c.strerror or c}" for c in conflicts)
+        super().__init__(
+            errno.EEXIST,
+            f"{len(conflicts)} spec files are taken by files devplug may not replace; nothing "
+            f"was written:{reasons}",
+        )
+        self.conflicts = tuple(conflicts)
+
+
 class Written(NamedTuple):
     stamp: FileStamp  # the spec file as it is now
     changed: bool  # False: the file already held these bytes and was kept
@@ -88,16 +104,27 @@ class SpecStore:
     """One daemon's (or one ``cdi generate`` run's) view of a CDI dir's devplug specs.
 
     ``lock`` is the daemon's :class:`OwnerLock` (None for ``cdi generate``: its records name
-    no running owner, so any later devplug may take its specs over).
+    no running owner, so any later devplug may take its specs over). ``config``: for ``cdi
+    generate``, the config file it runs with ("" for none): kept in its records, and its
+    stale-spec clean-up (``--prune``) takes only specs that same config wrote.
     """
 
     def __init__(
-        self, directory: Path, instance: str = DEFAULT_INSTANCE, lock: OwnerLock | None = None
+        self,
+        directory: Path,
+        instance: str = DEFAULT_INSTANCE,
+        lock: OwnerLock | None = None,
+        *,
+        config: str | None = None,
     ) -> None:
         self.directory = directory
         self.instance = instance
         self.lock = lock
         self.owner = lock.owner if lock is not None else ""
+        self.config = config
+        # No wait for the state dir's mutex goes past this loop time (a stop, a shutdown's
+        # budget: see limit_waits).
+        self._waits_end = math.inf
         # The stamp of each spec this store wrote last: still ours if its record is lost (the
         # state dir deleted), since nobody else's file can have that stamp.
         self._last: dict[str, FileStamp] = {}
@@ -107,6 +134,14 @@ class SpecStore:
         # The content id each spec file holds as far as this store knows (its last write
         # that succeeded): kept in the record until the file holds something else.
         self._on_disk: dict[str, tuple[str, int]] = {}
+
+    def limit_waits(self, until: float) -> None:
+        """From now on, give up waiting for the state dir's mutex at loop time ``until``
+        (StateDirBusyError): waits already under way too. ``math.inf`` lifts the limit."""
+        self._waits_end = until
+
+    def _exclusive(self) -> contextlib.AbstractAsyncContextManager[None]:
+        return exclusive(self.directory, lambda: self._waits_end)
 
     async def prepare(self) -> None:
         """Create the dir and hold this daemon's lock (again, if someone deleted it). Once per
@@ -134,20 +169,35 @@ class SpecStore:
         disk, read-only dir, ...) with the old file left as it was.
         """
         check_spec_file_name(file_name)
-        async with exclusive(self.directory):
+        async with self._exclusive():
             return await self._write(file_name, resource, data)
 
     async def write_all(self, specs: Sequence[tuple[str, str, bytes]]) -> list[Written]:
         """:meth:`write` for several (file name, resource, data) at once: all or none. Every
-        name is checked first, under the dir's mutex held throughout, so a name someone else
-        holds (ForeignSpecError, SpecHeldError) fails the lot before anything is written. (An
-        OSError part-way, e.g. a full disk, still leaves the specs written before it.)"""
+        name is checked first, so a name someone else holds fails the lot before anything is
+        written, and the error names every such name (ForeignSpecError or SpecHeldError for
+        one, SpecConflictsError for more). The check runs once before anything is created in
+        the dir (a refusal leaves no state dir behind) and again under the dir's mutex, held
+        while the specs are written. (An OSError part-way, e.g. a full disk, still leaves the
+        specs written before it.)"""
         for file_name, _, _ in specs:
             check_spec_file_name(file_name)
-        async with exclusive(self.directory):
-            for file_name, _, data in specs:
-                await self._decide(file_name, content_id(data))
+        await self._check_all(specs)
+        async with self._exclusive():
+            await self._check_all(specs)
             return [await self._write(name, resource, data) for name, resource, data in specs]
+
+    async def _check_all(self, specs: Sequence[tuple[str, str, bytes]]) -> None:
+        conflicts: list[FileExistsError] = []
+        for file_name, _, data in specs:
+            try:
+                await self._decide(file_name, content_id(data))
+            except (ForeignSpecError, SpecHeldError) as exc:
+                conflicts.append(exc)
+        if len(conflicts) == 1:
+            raise conflicts[0]
+        if conflicts:
+            raise SpecConflictsError(conflicts)
 
     async def _write(self, file_name: str, resource: str, data: bytes) -> Written:
         new_id = content_id(data)
@@ -157,7 +207,11 @@ class SpecStore:
             if junk and decision.exclusive:
                 decision = _Decision(decision.previous, exclusive=False)
             record = OwnerRecord(
-                resource, self.instance, self.owner, (new_id, *decision.previous)[:2]
+                resource,
+                self.instance,
+                self.owner,
+                (new_id, *decision.previous)[:2],
+                self.config,
             )
             # The record names the new content before the file holds it: a crash in between
             # leaves a record naming both, never a devplug file that looks foreign.
@@ -207,6 +261,10 @@ class SpecStore:
         held = await _matching_content(path, record) if record is not None else None
         if held is not None:
             return _Decision((held,), exclusive=False, keep=current if held == new_id else None)
+        if await _holds(path, current, new_id):
+            # Exactly the bytes devplug writes for this resource now: devplug's spec, wherever
+            # it came from (copied from another CDI dir, its record lost). Kept as it is.
+            return _Decision((), exclusive=record is None, keep=current)
         legacy = await legacy_owner(path)
         if legacy is not None and legacy.instance == self.instance:
             return _Decision((), exclusive=False)
@@ -229,12 +287,14 @@ class SpecStore:
         cached = self._records.get(file_name)
         if cached is not None and await stamp(record_path(self.directory, file_name)) == cached[1]:
             return
-        async with exclusive(self.directory):
+        async with self._exclusive():
             if self._ours(await read_record(self.directory, file_name)):
                 return
             if await stamp(self.directory / file_name) != self._last.get(file_name):
                 return
-            record = OwnerRecord(resource, self.instance, self.owner, (content_id(data),))
+            record = OwnerRecord(
+                resource, self.instance, self.owner, (content_id(data),), self.config
+            )
             record_stamp = await write_record(self.directory, file_name, record, exclusive=True)
             if record_stamp is not None:
                 self._records[file_name] = (record, record_stamp)
@@ -250,7 +310,7 @@ class SpecStore:
         since ``expected`` (someone else's content now) loses only its record.
         """
         check_spec_file_name(file_name)
-        async with exclusive(self.directory):
+        async with self._exclusive():
             return await self._remove(file_name, expected)
 
     async def _remove(self, file_name: str, expected: FileStamp | None) -> bool:
@@ -270,27 +330,23 @@ class SpecStore:
         return True
 
     async def stale_candidates(self) -> list[str]:
-        """Spec file names that may be devplug's from an earlier run: recorded ones, and
-        ``*.json`` files without a record (old devplug specs)."""
-        recorded = await recorded_specs(self.directory)
-        try:
-            names = await aiofiles.os.listdir(self.directory)
-        except FileNotFoundError:
-            names = []
-        return sorted(n for n in {*recorded, *names} if _spec_file_name(n))
+        """:func:`devplug.cdi.ownership.stale_candidates` of this store's dir."""
+        return await stale_candidates(self.directory)
 
     async def remove_stale(self, file_name: str) -> str | None:
         """If ``file_name`` is a spec of this instance whose daemon is gone, delete it (and its
         record) and return its resource; records of gone daemons whose spec is missing are
         deleted too (returning None). Anything else is left alone."""
         check_spec_file_name(file_name)
-        async with exclusive(self.directory):
+        async with self._exclusive():
             return await self._remove_stale(file_name)
 
     async def _remove_stale(self, file_name: str) -> str | None:
         path = self.directory / file_name
         record = await read_record(self.directory, file_name)
         if record is None:
+            if self.config is not None:
+                return None  # which config wrote an old devplug spec is not known
             legacy = await legacy_owner(path)
             if legacy is None or legacy.instance != self.instance:
                 return None
@@ -305,6 +361,8 @@ class SpecStore:
             return None
         if record.instance != self.instance:
             return None
+        if self.config is not None and record.config != self.config:
+            return None  # another config's (cdi generate --prune takes only its own)
         if await _matching_content(path, record) is None:
             # Someone else's content now: the file is theirs, the record is wrong.
             await remove_record(self.directory, file_name)
@@ -321,12 +379,14 @@ class SpecStore:
             await self.lock.release()
 
 
-def _spec_file_name(name: str) -> bool:
-    try:
-        check_spec_file_name(name)
-    except ValueError:
-        return False  # anything else in the dir, or in the state dir, is not ours to judge
-    return True
+async def _holds(path: Path, seen: FileStamp, data_id: tuple[str, int]) -> bool:
+    """Whether ``path``, as ``seen``, holds the content ``data_id`` names: read only when its
+    size is that content's (never more than devplug would write), and only if it is still the
+    file seen once read."""
+    if seen.size != data_id[1]:
+        return False
+    data = await read_bounded(path, seen.size)
+    return data is not None and content_id(data) == data_id and await stamp(path) == seen
 
 
 async def _matching_content(path: Path, record: OwnerRecord) -> tuple[str, int] | None:

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 from collections.abc import Awaitable, Callable, Sequence
 
 import structlog
@@ -69,6 +70,15 @@ QUIET_WAIT_MAX_S = 0.5
 # again: CDI then has one slice (SLICE_S) per this much, ~5 % of the loop, and a first render
 # of 10,000 devices (~300 slices) reaches disk in seconds rather than minutes.
 STORM_WAIT_S = 0.02
+# The most close() takes, whatever the CDI dir holds (a frozen or hostile holder of the state
+# dir's mutex, a slow disk): the daemon's shutdown fits it into the kubelet's grace period.
+# What it could not remove in that time stays, and is logged (cdi.close.incomplete); the next
+# start removes it.
+CLOSE_TIMEOUT_S = 3.0
+# Within it: waits for the state dir's mutex end this long before the end (the removals
+# left then fail at once), and the removals themselves half of it before the end (a file
+# operation that hangs, on a stuck disk), which leaves time to let go of the lock.
+CLOSE_SPARE_S = 1.0
 
 
 def _relevant(name: str) -> bool:
@@ -110,6 +120,7 @@ class CdiSync:
         # The last wait for quiet ran out: the hotplug path has been busy for a while.
         self._storm = False
         self._stopping = False
+        self._reconcile_problem = ProblemLog()
 
     @property
     def writes(self) -> int:
@@ -136,6 +147,8 @@ class CdiSync:
         slice or file work it has not begun, and no pass starts after it. Specs on disk stay
         until :meth:`close`."""
         self._stopping = True
+        # A wait for the state dir's mutex under way ends now (its pass is abandoned anyway).
+        self.store.limit_waits(-math.inf)
 
     async def _pause(self) -> None:
         """Between slices of a pass: let the loop run what is ready (a uevent's read), then
@@ -219,11 +232,13 @@ class CdiSync:
             tree = self._tree.value
             trouble = False
             try:
-                if not reconciled:
-                    await self._pause()
-                    reconciled = await self._reconcile_start()
                 if tree is not None:
                     await self._sync(tree)
+                if not reconciled:
+                    # After the pass: what earlier runs left (and the others' files, however
+                    # many, looked through to find it) never holds this daemon's specs back.
+                    await self._pause()
+                    reconciled = await self._reconcile_start()
             except PassAbandoned:
                 await asyncio.get_running_loop().create_future()  # stopping: until cancelled
             except asyncio.CancelledError:
@@ -246,7 +261,25 @@ class CdiSync:
         when done (False: the dir could not be read, try again)."""
         tree = self._tree.value or DeviceTree()
         wanted = {spec_file_name(k) for r in tree if (k := self.kind_of(r)) is not None}
-        return await remove_leftovers(self.store, wanted)
+        try:
+            await remove_leftovers(self.store, wanted, self._pause)
+        except OSError as exc:
+            reason = error_reason(exc)
+            failing = self._ledger.failing
+            # A spec's write that failed the same way has said it already (the dir as a whole
+            # is unusable): one line per problem, not one more from the clean-up.
+            if reason not in {failing.current(key) for key in failing.unsolved()}:
+                self._reconcile_problem.report(
+                    log,
+                    "cdi.reconcile.failed",
+                    reason,
+                    level="warning",
+                    dir=str(self.directory),
+                    retry="with back-off",
+                )
+            return False
+        self._reconcile_problem.solved()
+        return True
 
     def _plan(self, tree: DeviceTree) -> Plan:
         plan = Plan()
@@ -341,21 +374,48 @@ class CdiSync:
 
     async def close(self) -> None:
         """On orderly shutdown: remove the specs written, unless told to keep them (a spec
-        another daemon has taken over since is theirs and stays), then let go of the lock."""
+        another daemon has taken over since is theirs and stays), then let go of the lock.
+
+        Takes CLOSE_TIMEOUT_S at most in all, however many specs and whatever holds the state
+        dir: what is not removed by then stays, logged as ``cdi.close.incomplete``."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + CLOSE_TIMEOUT_S
+        left: dict[str, str] = {}  # spec file -> why it stayed
         try:
             if not self.settings.keep_on_exit:
-                for resource, done in sorted(self._ledger.written.items()):
-                    self.catalog.set(resource, None)
+                await self._remove_all(deadline, left)
+        finally:
+            with contextlib.suppress(OSError, TimeoutError):
+                async with asyncio.timeout_at(deadline):
+                    await self.store.close()
+        if left:
+            log.warning(
+                "cdi.close.incomplete",
+                dir=str(self.directory),
+                left=left,
+                fix="the next start of this instance removes them",
+            )
+
+    async def _remove_all(self, deadline: float, left: dict[str, str]) -> None:
+        """Remove every spec written, by ``deadline`` less CLOSE_SPARE_S / 2 at the latest;
+        what stays goes into ``left`` with the reason."""
+        self.store.limit_waits(deadline - CLOSE_SPARE_S)
+        pending = sorted(self._ledger.written.items())
+        for resource, _ in pending:
+            self.catalog.set(resource, None)
+        self._ledger.written.clear()
+        try:
+            async with asyncio.timeout_at(deadline - CLOSE_SPARE_S / 2):
+                while pending:
+                    done = pending[0][1]
                     try:
                         await self.store.remove(done.entry.file_name, expected=done.stamp)
                     except OSError as exc:
-                        log.warning(
-                            "cdi.spec.remove_failed", resource=resource, reason=error_reason(exc)
-                        )
-                self._ledger.written.clear()
-        finally:
-            with contextlib.suppress(OSError):
-                await self.store.close()
+                        left[done.entry.file_name] = error_reason(exc)
+                    pending.pop(0)
+        except TimeoutError:
+            reason = f"not removed within the {CLOSE_TIMEOUT_S:g} s allowed at shutdown"
+            left.update({done.entry.file_name: reason for _, done in pending})
 
 
 def default_instance(scanners: Sequence[Scanner]) -> str:

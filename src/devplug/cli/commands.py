@@ -175,6 +175,7 @@ def cdi_generate(
 ) -> int:
     from devplug.cdi.generate import (
         STATIC_CDI_DIR,
+        config_identity,
         specs_text,
         tree_specs,
         write_tree_specs_blocking,
@@ -183,12 +184,19 @@ def cdi_generate(
     from devplug.hotplug.scanning import ScanRunner
 
     if args.cdi_dir is not None:
-        # DEVPLUG_CDI_DIR is not refused: it is the daemon's setting, present in its
-        # environment (a DaemonSet's env) when someone runs this command beside it.
         fail(
             program,
             "configuration error: cdi generate writes to --output-dir (default /etc/cdi), not "
             "to --cdi-dir, the directory the daemon manages",
+        )
+        return EXIT_USAGE
+    if os.environ.get(ENV_PREFIX + "CDI_DIR"):
+        # Refused, not ignored: whoever set it expects the specs there, not in /etc/cdi.
+        fail(
+            program,
+            f"configuration error: {ENV_PREFIX}CDI_DIR is set, but cdi generate writes to "
+            "--output-dir (default /etc/cdi), never to the daemon's directory: unset it for "
+            "this command",
         )
         return EXIT_USAGE
     output = "json" if args.stdout else args.output
@@ -200,7 +208,12 @@ def cdi_generate(
         if output is not None:
             sys.stdout.write(_specs_document(specs_text(specs), output))
             return EXIT_OK
-        written, removed = write_tree_specs_blocking(directory, specs, instance, prune=args.prune)
+        config = args.config or (
+            Path(os.environ["DEVPLUG_CONFIG"]) if os.environ.get("DEVPLUG_CONFIG") else None
+        )
+        written, removed = write_tree_specs_blocking(
+            directory, specs, instance, prune=args.prune, config=config_identity(config)
+        )
     except (ConfigError, CdiSpecError) as exc:
         fail(program, f"configuration error: {exc}")
         return EXIT_USAGE
