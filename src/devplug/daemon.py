@@ -110,6 +110,8 @@ class Daemon:
         # systemd's notify protocol (a no-op outside a Type=notify unit).
         self.systemd = notifier if notifier is not None else SystemdNotifier()
         self.http: StatusEndpoint | None = None
+        # Bumped whenever a resource's registration may have changed (STATUS= follows it).
+        self._registrations = LatestValue(0)
         self.stop_requested = asyncio.Event()
 
         hotplug = settings.hotplug
@@ -290,25 +292,54 @@ class Daemon:
         parts.push_async_callback(endpoint.close)
 
     def not_ready(self) -> list[str]:
-        """What keeps the daemon from being ready: empty once the first scan is done and every
-        advertised resource is registered with the kubelet (/readyz)."""
+        """What keeps the daemon from being ready (/readyz): empty once the first scan is done
+        and every advertised resource is registered with the kubelet. Serving but waiting for
+        the kubelet is not ready: the kubelet does not know these devices, and a DaemonSet's
+        rollout should stop at a pod in that state (see docs/operations.md)."""
         if not self.first_scan_done.is_set():
             return ["the first scan"]
-        return sorted(f"{name} (not registered)" for name in self.servers.unregistered())
+        waiting = self.servers.unregistered()
+        if not waiting:
+            return []
+        listed = ", ".join(f"{name} (not registered)" for name in sorted(waiting))
+        return [f"serving, waiting for the kubelet: {listed}"]
+
+    def _status(self) -> str:
+        """The STATUS= line systemd shows for what the daemon does now."""
+        if not self.first_scan_done.is_set():
+            return "STATUS=scanning"
+        served = len(self.servers.servers)
+        if not served:
+            return "STATUS=no devices found; watching for them"
+        waiting = len(self.servers.unregistered())
+        if not waiting:
+            return f"STATUS=serving {served} resource(s), all registered"
+        return f"STATUS=serving {served} resource(s); waiting for the kubelet to register {waiting}"
+
+    def _registration_changed(self) -> None:
+        self._registrations.set(self._registrations.value + 1)
 
     async def _announce_ready(self) -> None:
-        """READY=1 once every resource of the first scan is registered with the kubelet."""
+        """READY=1 once the first scan is published: devplug serves from then on (its probes
+        and metrics; its sockets as soon as a kubelet is there). Not later: the kubelet may
+        come much later (a node that joins its cluster after boot), and a unit still starting
+        until then would hold up boot and ``systemctl start``. STATUS= then follows every
+        change in registration."""
+        self.systemd.notify(self._status())
         await self.first_scan_done.wait()
-        if self.servers.servers:
-            waiting = len(self.servers.servers)
-            self.systemd.notify(f"STATUS=registering {waiting} resource(s) with the kubelet")
-        count = await self.servers.wait_registered()
-        if count:
-            status = f"STATUS=serving {count} resource(s), all registered"
-        else:
-            status = "STATUS=no devices found; watching for them"
+        status = self._status()
         self.systemd.notify("READY=1", status)
-        log.info("daemon.ready", resources=count)
+        log.info(
+            "daemon.ready",
+            resources=len(self.servers.servers),
+            waiting_for_kubelet=len(self.servers.unregistered()),
+        )
+        while True:
+            await self._registrations.wait_changed(self._registrations.version)
+            now = self._status()
+            if now != status:
+                self.systemd.notify(now)
+                status = now
 
     # ------------------------------------------------------------------ the flow
 
@@ -319,6 +350,7 @@ class Daemon:
             if not tree:
                 self._first_lists.set()
         await self.servers.apply(tree, owners)
+        self._registration_changed()  # resources added or removed
         self.metrics.set_devices(tree)
         self._cdi_tree = tree
         if self._cdi_sync is not None:
@@ -423,9 +455,12 @@ class _Events:
 
     def registered(self, resource: str, ok: bool) -> None:
         self._metrics.registered(resource, ok)
+        self._daemon._registration_changed()
 
     def kubelet_restarted(self, resource: str) -> None:
         self._metrics.kubelet_restarted(resource)
+        # The server clears its registration in this same step, before STATUS is worked out.
+        self._daemon._registration_changed()
 
     def allocated(self, resource: str, result: str) -> None:
         self._metrics.allocated(resource, result)

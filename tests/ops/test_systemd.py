@@ -11,6 +11,7 @@ import os
 import re
 import shutil
 import socket
+import stat
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -104,9 +105,33 @@ def serial() -> StaticScanner:
     return StaticScanner({SERIAL: {"dev0": DeviceInfo(nodes=(DeviceNode("/dev/null"),))}})
 
 
-async def test_ready_after_registration_watchdog_then_stopping(
+async def next_status(sock: socket.socket) -> str:
+    """The next message that is not a watchdog ping."""
+    while (message := await next_message(sock)) == "WATCHDOG=1":
+        pass
+    return message
+
+
+async def readyz(port: int) -> tuple[int, str]:
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(b"GET /readyz HTTP/1.1\r\nHost: x\r\n\r\n")
+    async with asyncio.timeout(10):
+        answer = (await reader.read()).decode()
+    writer.close()
+    head, _, body = answer.partition("\r\n\r\n")
+    return int(head.split(" ")[1]), body
+
+
+WAITING = "STATUS=serving 1 resource(s); waiting for the kubelet to register 1"
+REGISTERED = "STATUS=serving 1 resource(s), all registered"
+
+
+async def test_ready_without_a_kubelet_then_status_follows_registration(
     kubelet_dir: Path, notify_socket: socket.socket
 ) -> None:
+    """READY=1 comes before any kubelet exists (a unit waiting for it would hold up boot);
+    STATUS= and /readyz then tell "serving, waiting for the kubelet" from "serving and
+    registered", through a kubelet restart, with watchdog pings all along."""
     environ = {
         "NOTIFY_SOCKET": notify_socket.getsockname(),
         "WATCHDOG_USEC": "200000",  # pinged every 0.1 s
@@ -114,20 +139,33 @@ async def test_ready_after_registration_watchdog_then_stopping(
     }
     notifier = SystemdNotifier(environ)
     assert notifier.watchdog_s == 0.2
-    daemon = Daemon(daemon_settings(kubelet_dir), [serial()], notifier=notifier)
+    settings = daemon_settings(kubelet_dir, metrics_address="127.0.0.1:0")
+    daemon = Daemon(settings, [serial()], notifier=notifier)
     task = asyncio.create_task(daemon.run())
     try:
-        # No kubelet yet: registering, but not ready.
-        first = await next_message(notify_socket)
-        while first == "WATCHDOG=1":
-            first = await next_message(notify_socket)
-        assert first == "STATUS=registering 1 resource(s) with the kubelet"
-        async with KubeletSimulator(kubelet_dir):
-            before_ready = await messages_until(notify_socket, "READY=1")
-            assert before_ready[-1] == "READY=1\nSTATUS=serving 1 resource(s), all registered"
-            assert set(before_ready[:-1]) <= {"WATCHDOG=1"}
+        assert await next_status(notify_socket) == "STATUS=scanning"
+        assert await next_status(notify_socket) == f"READY=1\n{WAITING}"
+        assert daemon.http is not None
+        port = daemon.http.port
+        assert await readyz(port) == (
+            503,
+            f"not ready: serving, waiting for the kubelet: {SERIAL} (not registered)\n",
+        )
+        async with KubeletSimulator(kubelet_dir) as kubelet:
+            assert await next_status(notify_socket) == REGISTERED
+            assert await readyz(port) == (200, "ready\n")
             pings = [await next_message(notify_socket) for _ in range(2)]
             assert pings == ["WATCHDOG=1", "WATCHDOG=1"]
+
+            await kubelet.stop()
+            for entry in os.scandir(kubelet_dir):  # as a restarting kubelet wipes the sockets
+                if stat.S_ISSOCK(entry.stat(follow_symlinks=False).st_mode):
+                    os.unlink(entry.path)
+            assert await next_status(notify_socket) == WAITING
+            assert (await readyz(port))[0] == 503
+            await kubelet.start()
+            assert await next_status(notify_socket) == REGISTERED
+
             daemon.request_stop()
             rest = await messages_until(notify_socket, "STOPPING=1")
             assert rest[-1] == "STOPPING=1\nSTATUS=stopping"
@@ -142,6 +180,7 @@ async def test_no_devices_is_ready_at_once(kubelet_dir: Path, notify_socket: soc
     daemon = Daemon(daemon_settings(kubelet_dir), [StaticScanner({})], notifier=notifier)
     task = asyncio.create_task(daemon.run())
     try:
+        assert await next_message(notify_socket) == "STATUS=scanning"
         assert await next_message(notify_socket) == (
             "READY=1\nSTATUS=no devices found; watching for them"
         )
@@ -180,15 +219,15 @@ async def test_devplug_run_notifies_systemd(
         "    - {resource: example.com/mem, match: {subsystem: mem, devnode: /dev/null}}\n"
     )
     environ = {"NOTIFY_SOCKET": notify_socket.getsockname()}
-    async with (
-        KubeletSimulator(kubelet_dir),
-        daemon_process(config, kubelet_dir, env=environ) as process,
-    ):
+    # No kubelet on this node yet: the process is ready all the same (boot goes on).
+    async with daemon_process(config, kubelet_dir, env=environ) as process:
         seen = await messages_until(notify_socket, "READY=1")
-        assert seen[-1].startswith("READY=1\nSTATUS=serving 1 resource(s)")
-        process.terminate()
-        rest = await messages_until(notify_socket, "STOPPING=1")
-        assert rest[-1] == "STOPPING=1\nSTATUS=stopping"
+        assert seen[-1] == f"READY=1\n{WAITING}"
+        async with KubeletSimulator(kubelet_dir):
+            assert await next_status(notify_socket) == REGISTERED
+            process.terminate()
+            rest = await messages_until(notify_socket, "STOPPING=1")
+            assert rest[-1] == "STOPPING=1\nSTATUS=stopping"
 
 
 def test_the_messages_kept_are_bounded(notify_socket: socket.socket) -> None:

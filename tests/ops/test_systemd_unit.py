@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import os
 import shlex
+import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -84,3 +86,48 @@ def test_documentation_points_at_real_documents() -> None:
             shipped = ROOT / "docs" / uri.removeprefix("file:" + installed)
             assert shipped.is_file(), f"{uri}: no {shipped.relative_to(ROOT)} to install"
     assert f"-t {installed.rstrip('/')} README.md docs/*.md" in UNIT.read_text()
+
+
+def timespan_s(value: str) -> float:
+    """A systemd time span in seconds, as systemd itself reads it."""
+    tool = shutil.which("systemd-analyze")
+    assert tool is not None, "systemd-analyze is missing: .ci/run installs the systemd package"
+    result = subprocess.run(
+        [tool, "timespan", value], capture_output=True, text=True, timeout=60, check=True
+    )
+    for line in result.stdout.splitlines():
+        key, _, number = line.strip().partition(":")
+        if key == "μs":
+            return int(number) / 1_000_000
+    raise AssertionError(f"{value!r}: no μs line in {result.stdout!r}")
+
+
+def test_the_start_does_not_wait_for_the_kubelet() -> None:
+    """devplug sends READY=1 without a kubelet (test_systemd.py); the unit neither pulls the
+    kubelet in nor binds its start to it, and a start is bounded, so on a node whose kubelet
+    comes after boot (kubeadm join from cloud-init) neither boot nor `systemctl start` waits."""
+    (limit,) = directives("TimeoutStartSec")
+    assert limit != "infinity" and 0 < timespan_s(limit) <= 300
+    for dependency in ("Wants", "Requires", "Requisite", "BindsTo", "PartOf", "Upholds"):
+        assert "kubelet.service" not in " ".join(directives(dependency)), dependency
+    assert directives("WantedBy") == ["multi-user.target"]
+
+
+def test_a_configuration_error_is_not_restarted(tmp_path: Path) -> None:
+    """The exit status `devplug run` gives a configuration error stops the restarts, so the
+    unit shows the error instead of cycling into start-limit-hit."""
+    config = tmp_path / "config.yaml"
+    config.write_text("scanners:\n  generic:\n    - {resource: no-domain, match: {}}\n")
+    devplug = Path(sys.executable).with_name("devplug")
+    result = subprocess.run(
+        [devplug, "run", "--config", str(config), "--kubelet-dir", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert "configuration error" in result.stderr, result.stderr
+    (restart,) = directives("Restart")
+    assert restart == "always"
+    prevented = {word for value in directives("RestartPreventExitStatus") for word in value.split()}
+    assert str(result.returncode) in prevented, (result.returncode, prevented)
