@@ -137,7 +137,16 @@ async def test_status_lists_devplug_and_other_plugins(
     theirs = plugins["vendor.sock"]
     assert theirs["resource"] is None and (theirs["healthy"], theirs["unhealthy"]) == (2, 1)
     assert theirs["pre_start"] is True and theirs["numa_nodes"] == [1]
-    assert plugins["stale.sock"]["error"].startswith("UNAVAILABLE")
+    stale = plugins["stale.sock"]
+    assert stale["error"].startswith("UNAVAILABLE") and stale["state"] == "not answering"
+    # Nobody answered: what it holds is unknown, not zero.
+    assert (stale["healthy"], stale["unhealthy"], stale["numa_nodes"]) == (None, None, None)
+    assert ours["state"] == theirs["state"] == "serving"
+    assert document["kubelet"] == {
+        "socket": str(kubelet_dir / "kubelet.sock"),
+        "state": "listening",
+        "error": None,
+    }
 
     rows = [line.split() for line in table.splitlines()]
     assert rows[0] == ["SOCKET", "RESOURCE", "HEALTHY", "UNHEALTHY", "NUMA", "STATUS"]
@@ -150,12 +159,52 @@ async def test_status_lists_devplug_and_other_plugins(
         "serving",
     ] in rows
     assert ["vendor.sock", "-", "2", "1", "1", "serving"] in rows
+    assert ["stale.sock", "-", "unknown", "unknown", "unknown", "UNAVAILABLE:"] in [
+        row[:6] for row in rows
+    ]
+    assert table.splitlines()[-1] == f"kubelet: listening on {kubelet_dir / 'kubelet.sock'}"
 
 
-async def test_an_empty_dir_says_so(kubelet_dir: Path) -> None:
-    assert (await devplug_status("--kubelet-dir", str(kubelet_dir))).startswith(
-        "no device plugin sockets in"
-    )
+async def test_an_empty_dir_says_so_and_that_there_is_no_kubelet(kubelet_dir: Path) -> None:
+    out = await devplug_status("--kubelet-dir", str(kubelet_dir))
+    assert out.splitlines() == [
+        f"no device plugin sockets in {kubelet_dir}",
+        f"kubelet: no kubelet.sock in {kubelet_dir}: plugins register once it starts "
+        "(devplug creates its sockets then)",
+    ]
+
+
+async def serving_vendor_plugin(path: Path) -> grpc.aio.Server:
+    server = grpc.aio.server()
+    pb_grpc.add_DevicePluginServicer_to_server(VendorPlugin(), server)
+    server.add_insecure_port(f"unix://{path}")
+    await server.start()
+    return server
+
+
+async def test_a_plugin_serving_without_a_kubelet_is_waiting_for_it(kubelet_dir: Path) -> None:
+    """No kubelet.sock, then one nobody listens on (a kubelet down): the plugin answers, but
+    it cannot be registered, and status says so rather than 'serving'."""
+    vendor = await serving_vendor_plugin(kubelet_dir / "vendor.sock")
+    try:
+        absent = json.loads(await devplug_status("--kubelet-dir", str(kubelet_dir), "-o", "json"))
+        gone = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        gone.bind(str(kubelet_dir / "kubelet.sock"))
+        gone.close()
+        down = json.loads(await devplug_status("--kubelet-dir", str(kubelet_dir), "-o", "json"))
+        table = await devplug_status("--kubelet-dir", str(kubelet_dir))
+    finally:
+        await vendor.stop(None)
+    assert absent["kubelet"]["state"] == "absent"
+    assert down["kubelet"]["state"] == "not answering" and down["kubelet"]["error"]
+    for document in (absent, down):
+        (plugin,) = document["plugins"]
+        assert plugin["state"] == "serving, waiting for the kubelet"
+        assert (plugin["healthy"], plugin["unhealthy"]) == (2, 1)
+    row = table.splitlines()[1]
+    assert row.split()[:5] == ["vendor.sock", "-", "2", "1", "1"]
+    assert row.endswith("serving, waiting for the kubelet")
+    assert table.splitlines()[-1].startswith(f"kubelet: {kubelet_dir / 'kubelet.sock'} does not")
 
 
 def serial_scanner() -> StaticScanner:

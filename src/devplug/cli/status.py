@@ -3,7 +3,13 @@
 Each socket is probed the way the kubelet talks to a plugin: GetDevicePluginOptions, then the
 first ListAndWatch message; any vendor's v1beta1 plugin answers. A socket does not say which
 resource it serves (the plugin told the kubelet in Register), so the resource is known only
-for devplug's own sockets, whose names spell it (``devplug-<domain>_<name>.sock``).
+for devplug's own sockets, whose names spell it (``devplug-<domain>_<name>.sock``). What a
+plugin that did not answer holds is unknown: its counts are None (null), never 0.
+
+Nor does a socket say whether its plugin is registered. What status can see is the kubelet's
+own socket: without a kubelet listening on ``kubelet.sock`` no plugin can be registered, so a
+plugin that answers is then "serving, waiting for the kubelet". (devplug's ``/readyz`` tells
+whether each of its resources is registered.)
 
 :func:`status_command` is ``devplug status``: a table, JSON or YAML on stdout, and exit status
 1 when a plugin did not answer (scripts and probes read it).
@@ -12,6 +18,7 @@ for devplug's own sockets, whose names spell it (``devplug-<domain>_<name>.sock`
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import stat
@@ -29,17 +36,48 @@ from devplug.naming import resource_name_problem
 
 PROBE_TIMEOUT_S = 3.0
 
+SERVING = "serving"
+WAITING = "serving, waiting for the kubelet"
+NOT_ANSWERING = "not answering"
+
+
+@dataclass(frozen=True, slots=True)
+class KubeletStatus:
+    socket: str  # the kubelet's socket, as a path
+    state: str  # "listening", "absent" or "not answering"
+    error: str | None = None
+
+    @property
+    def listening(self) -> bool:
+        return self.state == "listening"
+
+    def describe(self) -> str:
+        if self.listening:
+            return f"kubelet: listening on {self.socket}"
+        if self.state == "absent":
+            return (
+                f"kubelet: no {KUBELET_SOCKET} in {Path(self.socket).parent}: plugins "
+                "register once it starts (devplug creates its sockets then)"
+            )
+        return f"kubelet: {self.socket} does not answer ({self.error}): down or restarting"
+
 
 @dataclass(frozen=True, slots=True)
 class PluginStatus:
     socket: str  # file name in the kubelet dir
     resource: str | None  # known for devplug's sockets only
-    healthy: int = 0
-    unhealthy: int = 0
-    numa_nodes: tuple[int, ...] = ()
+    # None: unknown (the plugin did not answer), which a 0 would hide.
+    healthy: int | None = None
+    unhealthy: int | None = None
+    numa_nodes: tuple[int, ...] | None = None
     preferred_allocation: bool | None = None
     pre_start: bool | None = None
     error: str | None = None  # why the probe failed
+
+    def state(self, kubelet: KubeletStatus) -> str:
+        if self.error is not None:
+            return NOT_ANSWERING
+        return SERVING if kubelet.listening else WAITING
 
 
 def resource_of_socket(name: str) -> str | None:
@@ -110,6 +148,39 @@ async def probe_all(kubelet_dir: Path, timeout: float = PROBE_TIMEOUT_S) -> list
     return list(await asyncio.gather(*(probe(path, timeout) for path in sockets)))
 
 
+async def probe_kubelet(kubelet_dir: Path, timeout: float = PROBE_TIMEOUT_S) -> KubeletStatus:
+    """Whether the kubelet listens on its socket: a connection is opened and closed, nothing
+    is sent (a Register call would be an action, not a question)."""
+    path = kubelet_dir.absolute() / KUBELET_SOCKET
+    try:
+        if not stat.S_ISSOCK(os.lstat(path).st_mode):
+            return KubeletStatus(str(path), "not answering", "not a socket")
+    except FileNotFoundError:
+        return KubeletStatus(str(path), "absent")
+    except OSError as exc:
+        return KubeletStatus(str(path), "not answering", exc.strerror or str(exc))
+    try:
+        async with asyncio.timeout(timeout):
+            _, writer = await asyncio.open_unix_connection(path)
+    except TimeoutError:
+        return KubeletStatus(str(path), "not answering", f"no connection within {timeout} s")
+    except OSError as exc:
+        return KubeletStatus(str(path), "not answering", exc.strerror or str(exc))
+    writer.close()
+    with contextlib.suppress(OSError):
+        await writer.wait_closed()
+    return KubeletStatus(str(path), "listening")
+
+
+async def survey(
+    kubelet_dir: Path, timeout: float = PROBE_TIMEOUT_S
+) -> tuple[KubeletStatus, list[PluginStatus]]:
+    kubelet, plugins = await asyncio.gather(
+        probe_kubelet(kubelet_dir, timeout), probe_all(kubelet_dir, timeout)
+    )
+    return kubelet, plugins
+
+
 def status_command(kubelet_dir: Path | None, output: str, timeout: float) -> int:
     """``devplug status``: 0 when every plugin answered, 1 when one did not or the dir cannot
     be read."""
@@ -125,14 +196,21 @@ def status_command(kubelet_dir: Path | None, output: str, timeout: float) -> int
         print(f"devplug: {source}: {kubelet_dir} is not a directory", file=sys.stderr)
         return 2
     try:
-        plugins = asyncio.run(probe_all(kubelet_dir, timeout))
+        kubelet, plugins = asyncio.run(survey(kubelet_dir, timeout))
     except OSError as exc:
         print(f"devplug: cannot read {kubelet_dir}: {exc.strerror or exc}", file=sys.stderr)
         return 1
     failed = any(plugin.error is not None for plugin in plugins)
     if output in ("json", "yaml"):
-        listed = [{**asdict(p), "numa_nodes": list(p.numa_nodes)} for p in plugins]
-        document = {"kubelet_dir": str(kubelet_dir), "plugins": listed}
+        listed = [
+            {
+                **asdict(p),
+                "numa_nodes": None if p.numa_nodes is None else list(p.numa_nodes),
+                "state": p.state(kubelet),
+            }
+            for p in plugins
+        ]
+        document = {"kubelet_dir": str(kubelet_dir), "kubelet": asdict(kubelet), "plugins": listed}
         if output == "json":
             sys.stdout.write(json.dumps(document, indent=2) + "\n")
         else:
@@ -141,23 +219,29 @@ def status_command(kubelet_dir: Path | None, output: str, timeout: float) -> int
             sys.stdout.write(yaml.safe_dump(document, sort_keys=False))
     elif not plugins:
         print(f"no device plugin sockets in {kubelet_dir}")
+        print(kubelet.describe())
     else:
-        sys.stdout.write(status_table(plugins))
+        sys.stdout.write(status_table(plugins, kubelet))
     return 1 if failed else 0
 
 
-def status_table(plugins: list[PluginStatus]) -> str:
+UNKNOWN = "unknown"
+
+
+def status_table(plugins: list[PluginStatus], kubelet: KubeletStatus) -> str:
+    """One row per plugin, then a line about the kubelet. A count nobody answered for is
+    ``unknown``; ``-`` is an answer (no NUMA node, no resource name in the socket's)."""
     rows = [("SOCKET", "RESOURCE", "HEALTHY", "UNHEALTHY", "NUMA", "STATUS")]
     for plugin in plugins:
-        answered = plugin.error is None
+        numa = plugin.numa_nodes
         rows.append(
             (
                 plugin.socket,
                 plugin.resource or "-",
-                str(plugin.healthy) if answered else "-",
-                str(plugin.unhealthy) if answered else "-",
-                ",".join(map(str, plugin.numa_nodes)) or "-",
-                plugin.error or "serving",
+                UNKNOWN if plugin.healthy is None else str(plugin.healthy),
+                UNKNOWN if plugin.unhealthy is None else str(plugin.unhealthy),
+                UNKNOWN if numa is None else ",".join(map(str, numa)) or "-",
+                plugin.error or plugin.state(kubelet),
             )
         )
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]) - 1)]
@@ -165,4 +249,5 @@ def status_table(plugins: list[PluginStatus]) -> str:
     for row in rows:
         cells = [cell.ljust(width) for cell, width in zip(row[:-1], widths, strict=True)]
         lines.append("  ".join([*cells, row[-1]]).rstrip())
+    lines.append(kubelet.describe())
     return "\n".join(lines) + "\n"
