@@ -16,7 +16,11 @@ from types import MappingProxyType
 
 from devplug.naming import validate_device_id, validate_resource_name
 
+# A value a scanner gives a device attribute (published through DRA as string, int or bool).
+AttributeValue = str | int | bool
+
 _EMPTY: Mapping[str, str] = MappingProxyType({})
+_NO_ATTRIBUTES: Mapping[str, AttributeValue] = MappingProxyType({})
 _NO_EDITS: Mapping[str, MapEdit] = MappingProxyType({})
 
 
@@ -47,6 +51,17 @@ def _frozen_map(value: Mapping[str, str], what: str) -> Mapping[str, str]:
         if not key or "\0" in key or "\0" in val:
             raise ValueError(f"{what} keys must be non-empty and free of NUL: {key!r}")
     return MappingProxyType(dict(value)) if value else _EMPTY
+
+
+def _frozen_attributes(value: Mapping[str, AttributeValue]) -> Mapping[str, AttributeValue]:
+    """Types only: the names and lengths the API server allows are the DRA front's to check,
+    device by device, so that one odd attribute never stops a scan."""
+    for key, val in value.items():
+        if not isinstance(key, str) or not key or not isinstance(val, str | int | bool):
+            raise TypeError(
+                f"attributes map non-empty names to str, int or bool, got {key!r}: {val!r}"
+            )
+    return MappingProxyType(dict(value)) if value else _NO_ATTRIBUTES
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,6 +129,8 @@ class DeviceInfo:
 
     ``sources`` are the sysfs paths the device was built from; they tie udev events back to
     devices and appear in ``devplug scan``. ``health_reason`` says why a device is unhealthy.
+    ``attributes`` are facts a scanner publishes as DRA device attributes (``model``,
+    ``pciId``, ...); the DRA front adds the resource, id, NUMA node and PCI ones itself.
     """
 
     health: Health = Health.HEALTHY
@@ -125,6 +142,7 @@ class DeviceInfo:
     health_reason: str = ""
     cdi_edits: CdiEdits | None = None
     sources: tuple[str, ...] = ()
+    attributes: Mapping[str, AttributeValue] = field(default_factory=lambda: _NO_ATTRIBUTES)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "health", Health(self.health))
@@ -134,6 +152,7 @@ class DeviceInfo:
         object.__setattr__(self, "annotations", _frozen_map(self.annotations, "annotations"))
         object.__setattr__(self, "numa_nodes", tuple(sorted(set(self.numa_nodes))))
         object.__setattr__(self, "sources", tuple(self.sources))
+        object.__setattr__(self, "attributes", _frozen_attributes(self.attributes))
         if any(n < 0 for n in self.numa_nodes):
             raise ValueError(f"numa_nodes must be >= 0 (leave -1 out), got {self.numa_nodes}")
         if any("=" in key for key in self.env):
