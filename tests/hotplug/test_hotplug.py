@@ -199,6 +199,63 @@ async def test_unbind_and_bind_events_take_a_device_out_and_back(
     )
 
 
+async def test_a_remove_event_takes_the_device_out_while_its_sysfs_dir_is_still_there(
+    host: UmockdevHost, kubelet: KubeletSimulator, daemon_for: Any
+) -> None:
+    """The kernel sends a device's ``remove``, then deletes its directory. Here the files stay
+    throughout and the re-check of kernel events is a long way off: only the events can
+    take the device out, and an ``add`` after them brings it back."""
+    kept = f"dri_renderD{RENDER_BASE}"
+    gone = f"dri_renderD{RENDER_BASE + 1}"
+    add_intel_gpu(host, "0000:00:02.0", card=0, render=RENDER_BASE)
+    gpu = add_intel_gpu(host, "0000:00:03.0", card=1, render=RENDER_BASE + 1)
+    daemon = await daemon_for(hotplug())
+    daemon.listener.recheck_s = 3600
+    session = await kubelet.wait_for_plugin(RENDER)
+    await session.wait_for_update(lambda listed: ids(listed) == {kept, gone})
+
+    order = host.removal_order(gpu)  # card, render minor, then the PCI function
+    for path in order:
+        await host.emit_async("remove", path)
+    await session.wait_for_update(lambda listed: ids(listed) == {kept})
+    with pytest.raises(SimulatorRpcError) as refused:
+        await session.allocate([gone])
+    assert refused.value.code == "NOT_FOUND"
+
+    # Plugged in again under the same paths (parent first): back at once.
+    for path in reversed(order):
+        await host.emit_async("add", path)
+    await session.wait_for_update(lambda listed: ids(listed) == {kept, gone})
+
+    # Removed and plugged in again before the daemon took the events: it stays.
+    scans = daemon.stats.value.incremental_scans
+    for action, paths in (("remove", order), ("add", order[::-1])):
+        for path in paths:
+            await host.emit_async(action, path)
+    await daemon.stats.wait_for(lambda s: s.incremental_scans > scans, timeout=5)
+    await daemon.scan_loop.quiet()
+    assert set(daemon.stats.value.advertised[RENDER]) == {kept, gone}
+    assert daemon.stats.value.full_scans == 1  # all of it through the events
+
+
+async def test_a_remove_event_for_a_device_that_stays_is_undone_by_the_next_look(
+    host: UmockdevHost, kubelet: KubeletSimulator, daemon_for: Any
+) -> None:
+    """``udevadm trigger --action=remove`` sends a remove for a device that stays: believed
+    at once like any removal, then looked at again (here after 0.1 s), found, advertised."""
+    add_usb_serial(host, index=0)
+    tty = add_usb_serial(host, index=1)
+    daemon = await daemon_for(hotplug(source="udev"))
+    daemon.listener.recheck_s = 0.1
+    session = await kubelet.wait_for_plugin(SERIAL)
+    await session.wait_for_update(lambda listed: ids(listed) == {"ttyUSB0", "ttyUSB1"})
+    seen = len(session.updates)
+    await host.emit_async("remove", tty)
+    await session.wait_for_update(lambda listed: ids(listed) == {"ttyUSB0"}, after=seen)
+    await session.wait_for_update(lambda listed: ids(listed) == {"ttyUSB0", "ttyUSB1"}, after=seen)
+    assert daemon.stats.value.full_scans == 1  # brought back by the look, not by a resync
+
+
 async def test_kernel_events_are_read_again_once_udev_has_run(
     host: UmockdevHost, kubelet: KubeletSimulator, daemon_for: Any
 ) -> None:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from devplug.hotplug.listener import UeventListener, choose_source
+from devplug.hotplug.listener import MonitorSource, UeventListener, choose_source
 from devplug.scanners.udev import UdevEvent, UdevMonitor
 from devplug.testing.umockdev import UmockdevHost, add_intel_gpu, add_usb_serial
 
@@ -155,3 +155,29 @@ async def test_udev_events_are_not_read_again(host: UmockdevHost) -> None:
         assert not listener.take()
     finally:
         listener.close()
+
+
+@pytest.mark.parametrize("source", ["kernel", "udev"])
+async def test_a_removal_is_read_again_as_a_look_not_a_second_removal(
+    host: UmockdevHost, source: MonitorSource
+) -> None:
+    """A ``remove`` comes back as a ``change``, from either source: scanners believe a
+    removal at once, and the look a while later brings back a device still there (a remove
+    event for a device that stays); a second removal could drop a device that came back in
+    between without an event of its own (its ``add`` lost to an overflow, say)."""
+    tty = add_usb_serial(host, index=0)
+    woken = asyncio.Event()
+    listener = UeventListener(source, None, woken.set, recheck_s=0.05)
+    assert listener.open()
+    try:
+        await host.emit_async("remove", tty)
+        await collect(listener, woken, 1)
+        assert listener.take().events == (UdevEvent("remove", tty, "tty"),)
+        woken.clear()
+        async with asyncio.timeout(5):
+            while not (batch := listener.take()):
+                await woken.wait()
+                woken.clear()
+    finally:
+        listener.close()
+    assert batch.events == (UdevEvent("change", tty, "tty"),)

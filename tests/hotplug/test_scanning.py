@@ -7,7 +7,14 @@ from collections.abc import Sequence
 from devplug.hotplug.scanning import ScanRunner, event_subsystems
 from devplug.model import DeviceInfo, DeviceTree
 from devplug.scanners.udev import UdevEvent, UdevSource
+from devplug.scanners.vfio import VfioScanner
 from devplug.testing import StaticScanner
+from devplug.testing.umockdev import (
+    UmockdevHost,
+    add_vfio_container,
+    add_vfio_function,
+    add_vfio_group,
+)
 
 RESOURCE = "example.com/thing"
 EVENT = UdevEvent("change", "/sys/devices/virtual/misc/thing0", "misc")
@@ -79,6 +86,77 @@ def test_plain_scanners_scan_fully_on_events_and_widen_the_monitor_filter() -> N
     assert (result.full, result.incremental) == (1, 1)
     assert event_subsystems([incremental]) == frozenset({"misc"})
     assert event_subsystems([incremental, plain]) is None  # a plain scanner may need any event
+
+
+# ----------------------------------------- remove events are believed over what sysfs shows
+
+GPU = "/sys/devices/pci0000:00/0000:00:02.0"
+CARD = f"{GPU}/drm/card0"
+RENDER = f"{GPU}/drm/renderD128"
+
+
+def remove(*paths: str) -> list[UdevEvent]:
+    return [UdevEvent("remove", path, None) for path in paths]
+
+
+def test_after_a_remove_a_full_scan_leaves_out_what_was_built_only_from_removed_devices() -> None:
+    """A plain scanner sees sysfs as it is, which may still show a device whose remove event
+    has come (the kernel deletes its directory after sending it)."""
+    scanner = StaticScanner(
+        {
+            RESOURCE: {
+                "render": DeviceInfo(sources=(RENDER,)),
+                "card": DeviceInfo(sources=(CARD,)),
+                "gpu": DeviceInfo(sources=(GPU, CARD, RENDER)),
+                "unsourced": DeviceInfo(),
+            }
+        }
+    )
+    runner = ScanRunner([scanner])
+    assert len(runner.scan_blocking().tree[RESOURCE]) == 4
+    # The render minor's remove: the GPU still has a source that is not gone.
+    result = runner.scan_blocking(events=remove(RENDER))
+    assert set(result.tree[RESOURCE]) == {"card", "gpu", "unsourced"}
+    # The PCI function's remove covers the minors below it.
+    assert set(runner.scan_blocking(events=remove(GPU)).tree[RESOURCE]) == {"unsourced"}
+    # Removed, then added again before the batch was taken: the add is the last word.
+    readded = [*remove(RENDER), UdevEvent("add", RENDER, "drm")]
+    assert set(runner.scan_blocking(events=readded).tree[RESOURCE]) == {
+        "render",
+        "card",
+        "gpu",
+        "unsourced",
+    }
+    # A scan without events (start-up, resync, SIGHUP) believes sysfs alone.
+    assert len(runner.scan_blocking().tree[RESOURCE]) == 4
+
+
+def test_an_incremental_rescan_that_reads_a_removed_device_again_loses_it() -> None:
+    scanner = CountingScanner({"kept": DeviceInfo(sources=(CARD,))})
+    runner = ScanRunner([scanner])
+    first = runner.scan_blocking().tree
+    # A rescan that re-read the removed minor from sysfs (as a scanner following the events'
+    # paths alone would) and built it again.
+    scanner.rescan_result = first.with_changes(
+        [], {RESOURCE: {"render": DeviceInfo(sources=(RENDER,))}}
+    )
+    result = runner.scan_blocking(events=remove(RENDER))
+    assert (result.full, result.incremental) == (0, 1)
+    assert set(result.tree[RESOURCE]) == {"kept"}
+
+
+def test_a_removed_vfio_function_leaves_at_its_event(host: UmockdevHost) -> None:
+    """The VFIO scanner scans fully on PCI events: a function whose remove event came while
+    sysfs still shows it is gone with its group."""
+    add_vfio_container(host)
+    for group, address in ((7, "0000:03:00.0"), (8, "0000:04:00.0")):
+        add_vfio_group(host, group)
+        add_vfio_function(host, address, vendor="0x10de", device="0x2330", group=group)
+    runner = ScanRunner([VfioScanner()])
+    resource = next(iter(runner.scan_blocking().tree))
+    assert set(runner.scan_blocking().tree[resource]) == {"0000:03:00.0", "0000:04:00.0"}
+    result = runner.scan_blocking(events=remove("/sys/devices/pci0000:03/0000:03:00.0"))
+    assert set(result.tree[resource]) == {"0000:04:00.0"}
 
 
 def test_a_report_section_named_resources_or_taken_twice_is_dropped() -> None:

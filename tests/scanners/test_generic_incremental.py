@@ -8,7 +8,7 @@ only scans fully, and their trees must stay equal.
 from __future__ import annotations
 
 import random
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
 import pytest
 
@@ -82,6 +82,20 @@ class Pair:
         if kept.tree is rescanned:
             assert kept.by_source == fresh.by_source
             assert kept.paths._sorted == fresh.paths._sorted
+        self.tree = rescanned
+        return rescanned
+
+    def step_before_files_go(
+        self, batch: Sequence[UdevEvent], gone: Callable[[], object]
+    ) -> DeviceTree:
+        """Rescan from ``batch`` while the removed devices' sysfs files are still there (the
+        kernel sends ``remove``, then deletes them); ``gone()`` then deletes them, and the
+        rescan must equal a full scan of the host as it is from then on."""
+        rescanned = self.incremental.rescan(UdevSource(), self.tree, batch)
+        assert rescanned is not None
+        gone()
+        expected = self.full.scan(UdevSource())
+        assert rescanned == expected, (batch, dict(rescanned), dict(expected))
         self.tree = rescanned
         return rescanned
 
@@ -237,6 +251,68 @@ def test_a_vanished_node_makes_an_advertised_device_unhealthy_until_it_is_back(
     tree = pair.step(events("change", [tty]))
     assert tree[SERIAL]["ttyUSB0"] == healthy
     assert tree[SERIAL]["ttyUSB0"].health_reason == ""
+
+
+# ------------------------------------------------- remove events are believed over sysfs
+
+
+def test_a_remove_event_drops_the_device_while_sysfs_still_shows_it(host: UmockdevHost) -> None:
+    first = add_intel_gpu(host, gpu_address(0), card=0, render=128)
+    add_intel_gpu(host, gpu_address(1), card=1, render=129)
+    add_usb_serial(host, index=0)
+    pair = Pair(RENDER_ENTRY, SERIAL_ENTRY)
+    # The kernel's order: each child's remove, then the PCI function's, every one sent before
+    # its directory (and here even its node) goes.
+    batch = events("remove", host.removal_order(first))
+    tree = pair.step_before_files_go(batch, lambda: host.remove_device(first))
+    assert ids(tree, RENDER) == ["dri_renderD129"]
+    assert ids(tree, SERIAL) == ["ttyUSB0"]
+
+
+def test_a_parent_remove_drops_the_children_sysfs_still_shows(host: UmockdevHost) -> None:
+    add_usb_serial(host, index=0)
+    add_usb_serial(host, index=1)
+    pair = Pair(SERIAL_ENTRY)
+    # Only the USB device's event (its tty's own may come in a later batch, or not at all
+    # for a consumer filtering by subsystem): what lies below a removed path is gone too.
+    batch = [UdevEvent("remove", usb_device(0), "usb")]
+    tree = pair.step_before_files_go(batch, lambda: host.remove_device(usb_device(0)))
+    assert ids(tree, SERIAL) == ["ttyUSB1"]
+
+
+def test_a_child_removed_in_one_batch_and_its_parent_in_the_next(host: UmockdevHost) -> None:
+    first = add_intel_gpu(host, gpu_address(0), card=0, render=128)
+    card_entry = {"resource": CARD, "match": {"subsystem": "drm", "devnode": "/dev/dri/card*"}}
+    pair = Pair(RENDER_ENTRY, card_entry)
+    render = f"{first}/drm/renderD128"
+    tree = pair.step_before_files_go(events("remove", [render]), lambda: host.remove_device(render))
+    assert RENDER not in tree
+    assert ids(tree, CARD) == ["dri_card0"]
+    batch = events("remove", [f"{first}/drm/card0", first])
+    assert len(pair.step_before_files_go(batch, lambda: host.remove_device(first))) == 0
+
+
+def test_an_add_after_a_remove_in_one_batch_keeps_the_device(host: UmockdevHost) -> None:
+    first = add_intel_gpu(host, gpu_address(0), card=0, render=128)
+    pair = Pair(RENDER_ENTRY)
+    order = host.removal_order(first)
+    # Removed and added again before the batch was taken: the last event of each path wins.
+    batch = events("remove", order) + events("add", order[::-1])
+    tree = pair.step(batch)
+    assert ids(tree, RENDER) == ["dri_renderD128"]
+    assert tree[RENDER]["dri_renderD128"].health is Health.HEALTHY
+
+
+def test_an_add_after_a_removal_brings_the_device_back(host: UmockdevHost) -> None:
+    first = add_intel_gpu(host, gpu_address(0), card=0, render=128)
+    pair = Pair(RENDER_ENTRY)
+    order = host.removal_order(first)
+    tree = pair.step_before_files_go(events("remove", order), lambda: host.remove_device(first))
+    assert RENDER not in tree
+    # Back at once, under the same paths: nothing remembers the removal beyond its batch.
+    add_intel_gpu(host, gpu_address(0), card=0, render=128)
+    tree = pair.step(events("add", order[::-1]))
+    assert ids(tree, RENDER) == ["dri_renderD128"]
 
 
 def test_the_previous_tree_passed_in_is_what_was_advertised(host: UmockdevHost) -> None:

@@ -93,6 +93,20 @@ class Pair:
         self.tree = rescanned
         return rescanned
 
+    def step_before_files_go(
+        self, batch: Sequence[UdevEvent], gone: Callable[[], object]
+    ) -> DeviceTree:
+        """Rescan from ``batch`` while the removed devices' sysfs files are still there (the
+        kernel sends ``remove``, then deletes them); ``gone()`` then deletes them, and the
+        rescan must equal a full scan of the host as it is from then on."""
+        rescanned = self.incremental.rescan(UdevSource(), self.tree, batch)
+        assert rescanned is not None, batch
+        gone()
+        expected = self.full.scan(UdevSource())
+        assert rescanned == expected, (batch, dict(rescanned), dict(expected))
+        self.tree = rescanned
+        return rescanned
+
     def step_asks_full(self, batch: Sequence[UdevEvent]) -> DeviceTree:
         """The rescan must answer None for ``batch``; then the full scan, compared."""
         assert self.incremental.rescan(UdevSource(), self.tree, batch) is None, batch
@@ -160,6 +174,76 @@ def test_a_removed_gpu_goes_with_the_pci_event_alone(host: UmockdevHost) -> None
     pair = Pair()
     host.remove_device(first)
     assert ids(pair.step([UdevEvent("remove", first, None)]), I915) == [address(4)]
+
+
+def test_a_removed_gpu_goes_while_sysfs_still_shows_it(host: UmockdevHost) -> None:
+    first = add_intel_gpu(host, address(3), card=0, render=128)
+    add_intel_gpu(host, address(4), card=1, render=129)
+    pair = Pair(IntelGpuSettings(monitoring=True))
+    # The kernel's order, each event sent before its device's directory goes: the minors,
+    # the driver letting go of the function, then the function.
+    order = host.removal_order(first)
+    batch = [*events("remove", order[:2]), UdevEvent("unbind", first, "pci")]
+    batch += events("remove", order[2:])
+    tree = pair.step_before_files_go(batch, lambda: host.remove_device(first))
+    assert ids(tree, I915) == [address(4)]
+    assert tree[MONITORING_RESOURCE][MONITORING_ID].nodes == (node("card1"), node("renderD129"))
+
+
+def test_the_pci_remove_alone_takes_the_gpu_sysfs_still_shows(host: UmockdevHost) -> None:
+    first = add_intel_gpu(host, address(3), card=0, render=128)
+    add_intel_gpu(host, address(4), card=1, render=129)
+    pair = Pair()
+    batch = [UdevEvent("remove", first, None)]
+    assert ids(pair.step_before_files_go(batch, lambda: host.remove_device(first)), I915) == [
+        address(4)
+    ]
+
+
+def test_removed_minors_of_a_gpu_that_stays_are_gone_at_once(host: UmockdevHost) -> None:
+    pci = add_intel_gpu(host, address(3), card=0, render=128)
+    pair = Pair()
+    minors = [f"{pci}/drm/card0", f"{pci}/drm/renderD128"]
+
+    def minors_go() -> None:
+        for minor in minors:
+            host.remove_device(minor)
+
+    tree = pair.step_before_files_go(events("remove", minors), minors_go)
+    sick = tree[I915][address(3)]
+    assert sick.health is Health.UNHEALTHY
+    assert sick.health_reason == f"i915 is bound to {address(3)} but it has no drm card"
+
+
+def test_a_removed_render_minor_takes_its_by_path_link_along(host: UmockdevHost) -> None:
+    pci = add_intel_gpu(host, address(3), card=0, render=128)
+    pair = Pair(IntelGpuSettings(bypath="single"))
+    assert len(pair.tree[I915][address(3)].mounts) == 2  # card and render links
+    render = f"{pci}/drm/renderD128"
+    tree = pair.step_before_files_go(events("remove", [render]), lambda: host.remove_device(render))
+    info = tree[I915][address(3)]
+    assert info.nodes == (node("card0"),)
+    assert [m.host_path for m in info.mounts] == [f"/dev/dri/by-path/pci-{address(3)}-card"]
+
+
+def test_a_remove_and_an_add_in_one_batch_keep_the_gpu(host: UmockdevHost) -> None:
+    pci = add_intel_gpu(host, address(3), card=0, render=128)
+    pair = Pair()
+    healthy = pair.tree
+    order = host.removal_order(pci)
+    assert pair.step(events("remove", order) + events("add", order[::-1])) == healthy
+
+
+def test_a_gpu_added_again_after_its_removal_is_back(host: UmockdevHost) -> None:
+    pci = add_intel_gpu(host, address(3), card=0, render=128)
+    pair = Pair()
+    healthy = pair.tree
+    order = host.removal_order(pci)
+    assert pair.step_before_files_go(events("remove", order), lambda: host.remove_device(pci)) == (
+        DeviceTree()
+    )
+    add_intel_gpu(host, address(3), card=0, render=128)
+    assert pair.step(events("add", order[::-1])) == healthy
 
 
 def test_a_removed_bridge_takes_the_gpus_below_it(host: UmockdevHost) -> None:

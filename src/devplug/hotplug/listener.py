@@ -4,7 +4,11 @@ No thread waits on the socket: the event loop's selector wakes the reader when d
 the reader drains them into a pending batch (one entry per sysfs path, the newest action wins),
 notes when it read them and tells the scan loop, which waits for the burst to end (a short quiet
 gap), takes the batch and rescans what it names. Kernel events (used without udevd's) are
-re-read once more a second later, when udevd has applied its rules. When the kernel drops events
+re-read once more a second later, when udevd has applied its rules. A ``remove`` is believed
+at once (sysfs may show the device a moment longer), and looked at again a second later from
+either source, as a ``change``: never a second removal, as the device may be back by then
+(its ``add`` lost to an overflow, or a ``udevadm trigger --action=remove`` of a device that
+stays). When the kernel drops events
 (ENOBUFS) the batch is marked overflowed and the scan loop rescans everything. An event that
 cannot be read (a DEVPATH that is not UTF-8) is skipped and logged; the events read with it are
 kept. A monitor that cannot be opened, or that fails, is not fatal: the daemon polls instead and
@@ -14,6 +18,7 @@ tries to open it again at every poll.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -33,8 +38,9 @@ MAX_EVENTS_PER_READ = 256
 # Beyond this many distinct pending paths, a full rescan is cheaper than remembering them.
 MAX_PENDING_PATHS = 20_000
 # With kernel events, the paths are read again this long after, once udevd has applied its
-# rules (udevd handles a device in tens of milliseconds; a second leaves ample margin).
-KERNEL_RECHECK_S = 1.0
+# rules (udevd handles a device in tens of milliseconds; a second leaves ample margin); so are
+# removed paths, from either source.
+RECHECK_S = 1.0
 # Timers may fire a clock tick early; paths due within this are taken in the same pass.
 RECHECK_SLACK_S = 0.001
 
@@ -74,7 +80,7 @@ class UeventListener:
         subsystems: frozenset[str] | None,
         on_pending: Callable[[], None],
         opener: MonitorOpener = UdevMonitor,
-        recheck_s: float = KERNEL_RECHECK_S,
+        recheck_s: float = RECHECK_S,
     ) -> None:
         self.source = source
         self.recheck_s = recheck_s
@@ -197,7 +203,7 @@ class UeventListener:
         if received.events:
             self.last_read = time.monotonic()
         self._add_pending(received.events)
-        if self.source == "kernel" and received.events:
+        if received.events:
             self._schedule_recheck(received.events)
         if received.events or received.overflowed:
             self._on_pending()
@@ -210,19 +216,27 @@ class UeventListener:
             self._overflowed = True
 
     def _schedule_recheck(self, events: Iterable[UdevEvent]) -> None:
-        """Re-read the paths of kernel events once more, after udevd has had time to act.
+        """Re-read the paths of kernel events, and removed paths, once more a while later.
 
         Kernel events come before udevd runs its rules: the device's udev properties (ID_*,
         DEVLINKS) may not exist yet. Without udevd's own events (no udevd, or a pod outside
         the host network namespace, where they are not delivered) nothing else would tell us
-        when they do.
+        when they do. A removal, believed at once, is looked at again whatever the source: a
+        device still there then (a remove event for a device that stays) comes back.
         """
         loop = asyncio.get_running_loop()
         due = loop.time() + self.recheck_s
         for event in events:
+            if event.action == "remove":
+                # Done already (scanners believe a removal at once): the re-check only looks.
+                again = dataclasses.replace(event, action="change")
+            elif self.source == "kernel":
+                again = event
+            else:
+                continue
             # Re-inserted at the end: the dict stays ordered by due time.
             self._recheck.pop(event.sys_path, None)
-            self._recheck[event.sys_path] = (due, event)
+            self._recheck[event.sys_path] = (due, again)
         if len(self._recheck) > MAX_PENDING_PATHS:
             self._recheck = {}
             self._overflowed = True  # the full rescan this causes re-reads everything anyway

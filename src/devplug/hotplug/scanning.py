@@ -14,7 +14,11 @@ skipped by its scanner, and logged with its sysfs path; the others are served.
 
 After udev events every scanner runs: an
 :class:`~devplug.scanners.base.IncrementalScanner` updates its previous tree from the events
-(or keeps it, when they do not concern it), any other scanner scans fully.
+(or keeps it, when they do not concern it), any other scanner scans fully. A ``remove`` event
+is believed over sysfs, which may show the device a moment longer (the kernel sends the event,
+then deletes the directory): of what such a scan built anew, a device whose every sysfs source
+a ``remove`` named (or lies below one) is left out. Scanners that know more (a GPU whose card
+went but whose PCI function stays is Unhealthy, not gone) see to it in their rescans.
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ import asyncio
 import dataclasses
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
@@ -34,6 +38,7 @@ from devplug.errors import ConfigError, ScanCancelled
 from devplug.hotplug.list_limit import ListLimit
 from devplug.model import DeviceTree, Health
 from devplug.scanners.base import IncrementalScanner, Reporter, Scanner
+from devplug.scanners.incremental import RemovedPaths
 from devplug.scanners.udev import SourceUnavailable, UdevEvent, UdevSource
 
 log = structlog.get_logger("devplug.scan")
@@ -97,6 +102,27 @@ def unknown_state(tree: DeviceTree, reason: str) -> DeviceTree:
     )
 
 
+def _without_removed(
+    tree: DeviceTree, edited_from: DeviceTree | None, gone: RemovedPaths
+) -> DeviceTree:
+    """``tree`` without the devices built only from removed devices. A full scan's tree
+    (``edited_from`` None) is checked whole; an incremental rescan's only where it differs
+    from the tree it edited: maps taken over as they were, and devices its edit did not
+    re-read, the scanner left alone (the events did not concern them)."""
+    doomed: list[tuple[str, str]] = []
+    for resource, devices in tree.items():
+        ids: Iterable[str] = devices
+        if edited_from is not None:
+            before = edited_from.get(resource)
+            if devices is before:
+                continue
+            edit = tree.edit_since(resource, before) if before is not None else None
+            if edit is not None:
+                ids = edit.added
+        doomed.extend((resource, i) for i in ids if gone.covers_all(devices[i].sources))
+    return tree.with_changes(doomed, {}) if doomed else tree
+
+
 class ScanRunner:
     def __init__(
         self,
@@ -157,6 +183,7 @@ class ScanRunner:
         conflicts: dict[str, tuple[str, ...]] = {}
         failed: list[str] = []
         full = incremental = 0
+        gone = RemovedPaths(events or ())
         for index, scanner in enumerate(self.scanners):
             try:
                 if source is None:
@@ -167,10 +194,13 @@ class ScanRunner:
                 if events is not None and incremental_scanner is not None and previous is not None:
                     tree = self._rescan(incremental_scanner, source, previous, events)
                     incremental += tree is not None
+                edited_from = previous if tree is not None else None
                 if tree is None:
                     tree = scanner.scan(source)
                     full += 1
                 source.verify()
+                if gone:
+                    tree = _without_removed(tree, edited_from, gone)
             except ScanCancelled:
                 raise
             except Exception as exc:

@@ -25,7 +25,7 @@ from devplug.config import StrictModel, config_error
 from devplug.errors import ConfigError
 from devplug.model import DeviceInfo, DeviceNode, DeviceTree, DeviceTreeBuilder, Health
 from devplug.naming import MAX_DEVICE_ID, sanitize_device_id, validate_resource_name
-from devplug.scanners.incremental import SourceIndex, TouchedPaths, TreeEdit
+from devplug.scanners.incremental import RemovedPaths, SourceIndex, TouchedPaths, TreeEdit
 from devplug.scanners.udev import UdevDevice, UdevEvent, UdevSource
 
 log = structlog.get_logger("devplug.scanners.generic")
@@ -182,7 +182,8 @@ class GenericScanner:
     def rescan(
         self, source: UdevSource, previous: DeviceTree, events: Sequence[UdevEvent]
     ) -> DeviceTree | None:
-        """Re-read the devices the events name (and those built from touched paths)."""
+        """Re-read the devices the events name (and those built from touched paths); what a
+        ``remove`` event names is gone without a look."""
         if self._duplicates:
             # Which of two devices with one id wins depends on the order of a full scan; when
             # ids clash (a misconfiguration, logged), only a full scan gives the same answer.
@@ -191,10 +192,12 @@ class GenericScanner:
             # A moved device's children moved with it, without events of their own.
             return None
         touched = TouchedPaths(event.sys_path for event in events)
+        removed = RemovedPaths(events)
         edit = TreeEdit(previous, touched, self._index)
         self._advertised = previous
         for path in sorted(touched.paths | edit.stale_sources):
-            device = source.device(path)
+            # A removed device is gone even while sysfs still shows it (see RemovedPaths).
+            device = None if removed.covers(path) else source.device(path)
             if device is None:
                 continue  # gone: its devices stay out of the tree
             subsystem = device.subsystem

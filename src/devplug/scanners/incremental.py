@@ -5,6 +5,9 @@ it (a PCI function removed with its drm children) or above it (a child of the de
 The work is proportional to the events and the devices they touch, not to devices x events, so
 a storm of events over a big tree stays cheap; with the scanner's kept :class:`SourceIndex`, not
 to the size of the tree either.
+
+Events are hints, re-read from sysfs, except ``remove`` (:class:`RemovedPaths`): the kernel
+sends it before it deletes the device's directory, so a re-read may still find the device.
 """
 
 from __future__ import annotations
@@ -12,8 +15,12 @@ from __future__ import annotations
 import bisect
 import itertools
 from collections.abc import Iterable, Iterator, Mapping
+from typing import TYPE_CHECKING
 
 from devplug.model import DeviceInfo, DeviceTree
+
+if TYPE_CHECKING:
+    from devplug.scanners.udev import UdevEvent
 
 
 def _self_and_ancestors(path: str) -> Iterator[str]:
@@ -21,6 +28,43 @@ def _self_and_ancestors(path: str) -> Iterator[str]:
     while path and path != "/":
         yield path
         path = path.rsplit("/", 1)[0]
+
+
+class RemovedPaths:
+    """The paths a batch's ``remove`` events named: each, and everything below it (a PCI
+    function's drm minors), is gone, whatever sysfs still shows.
+
+    The kernel sends a device's ``remove`` uevent, then deletes its sysfs directory, so a
+    re-read right after the event may find the device still there; believing sysfs would
+    keep it advertised until something else made us look again. A path whose last event in
+    the batch is not a ``remove`` (the device was added again) is not gone.
+    """
+
+    __slots__ = ("paths",)
+
+    def __init__(self, events: Iterable[UdevEvent] = ()) -> None:
+        last: dict[str, str] = {}
+        for event in events:
+            last[event.sys_path] = event.action
+        self.paths = frozenset(path for path, action in last.items() if action == "remove")
+
+    def __bool__(self) -> bool:
+        return bool(self.paths)
+
+    def covers(self, path: str) -> bool:
+        """True if ``path`` is a removed path or lies below one."""
+        paths = self.paths
+        return bool(paths) and any(p in paths for p in _self_and_ancestors(path))
+
+    def covers_all(self, sources: Iterable[str]) -> bool:
+        """True if every one of ``sources`` (at least one) is covered: what was built only
+        from removed devices is gone."""
+        found = False
+        for source in sources:
+            if not self.covers(source):
+                return False
+            found = True
+        return found
 
 
 class TouchedPaths:

@@ -35,7 +35,7 @@ from devplug.model import (
     Mount,
 )
 from devplug.naming import natural_key
-from devplug.scanners.incremental import PathIndex
+from devplug.scanners.incremental import PathIndex, RemovedPaths
 from devplug.scanners.intel_gpu.discovery import (
     BY_PATH_DIR,
     CARD_NAME,
@@ -132,17 +132,23 @@ class IntelGpuScanner:
     def rescan(
         self, source: UdevSource, previous: DeviceTree, events: Sequence[UdevEvent]
     ) -> DeviceTree | None:
-        """Re-read the PCI functions the events concern; SR-IOV changes ask for a full scan."""
+        """Re-read the PCI functions the events concern; SR-IOV changes ask for a full scan.
+
+        What a ``remove`` event names is gone without a look: a removed function, or a
+        removed drm minor of a function that stays."""
         if any(event.action == "move" for event in events):
             return None
         paths = self._known.touched_by(event.sys_path for event in events)
         paths.update(pci_path_of_event(event.sys_path) for event in events)
         if paths & self._sriov_paths:
             return None  # VFs and their PF decide each other's fate: let a full scan sort it
+        gone = RemovedPaths(events)
         by_path_dir = self._by_path_dir_exists()
         entries = dict(self._entries)
         for path in sorted(paths):
-            function = read_function(source, path)
+            function = None if gone.covers(path) else read_function(source, path)
+            if function is not None and gone:
+                function = _without_removed_minors(function, gone)
             if function is not None and self._sriov_concerns_gpus(function):
                 return None  # VFs and their PF decide each other's fate: a full scan sorts it
             entry = None
@@ -321,3 +327,19 @@ class IntelGpuScanner:
                 preferred_gpu_shares, policy, available, must_include, size, devices
             )
         return preferred_gpu_shares(policy, available, must_include, size, devices)
+
+def _without_removed_minors(function: GpuFunction, removed: RemovedPaths) -> GpuFunction:
+    """``function`` without the drm minors a ``remove`` event named (sysfs may list them a
+    moment longer), and without the by-path links of a kind none of its minors has left."""
+    minors = tuple(minor for minor in function.minors if not removed.covers(minor.sys_path))
+    if len(minors) == len(function.minors):
+        return function
+    kinds = {"card" if minor.is_card else "render" for minor in minors}
+    return replace(
+        function,
+        minors=minors,
+        present_nodes=function.present_nodes & {minor.dev_path for minor in minors},
+        by_path_links=tuple(
+            link for link in function.by_path_links if link.rsplit("-", 1)[1] in kinds
+        ),
+    )
