@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import contextlib
 import gc
-import os
 import signal
 import socket
 import sys
@@ -248,8 +247,10 @@ def run_daemon(
     if guard.stop_requested:
         structlog.get_logger("devplug.daemon").info("daemon.stopped", served=False)
         return 0
-    # grpc's C core logs to stderr on its own; keep its informational lines out of our JSON.
-    os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
+    # Before grpc loads: its core's own lines would bypass the JSON log (see logconfig).
+    from devplug.logconfig import quiet_grpc_core
+
+    quiet_grpc_core()
     from devplug.daemon import Daemon
     from devplug.ops.limits import raise_fd_limit
 

@@ -27,12 +27,11 @@ from collections import Counter
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-import grpc
-
-from devplug._proto import deviceplugin_v1beta1_pb2 as pb
-from devplug._proto import deviceplugin_v1beta1_pb2_grpc as pb_grpc
-from devplug.kubelet.registration import KUBELET_SOCKET
+from devplug.logconfig import quiet_grpc_core
 from devplug.naming import resource_name_problem
+
+# grpc, and the modules that import it, are imported where they are used: status_command
+# quietens grpc-core first, which works only before grpc loads.
 
 PROBE_TIMEOUT_S = 3.0
 
@@ -55,8 +54,9 @@ class KubeletStatus:
         if self.listening:
             return f"kubelet: listening on {self.socket}"
         if self.state == "absent":
+            path = Path(self.socket)
             return (
-                f"kubelet: no {KUBELET_SOCKET} in {Path(self.socket).parent}: plugins "
+                f"kubelet: no {path.name} in {path.parent}: plugins "
                 "register once it starts (devplug creates its sockets then)"
             )
         return f"kubelet: {self.socket} does not answer ({self.error}): down or restarting"
@@ -95,6 +95,8 @@ def resource_of_socket(name: str) -> str | None:
 
 def plugin_sockets(kubelet_dir: Path) -> list[Path]:
     """Unix sockets in the kubelet dir, except the kubelet's own and temp names."""
+    from devplug.kubelet.registration import KUBELET_SOCKET
+
     found = []
     with os.scandir(kubelet_dir) as entries:
         for entry in entries:
@@ -109,6 +111,11 @@ def plugin_sockets(kubelet_dir: Path) -> list[Path]:
 
 
 async def probe(path: Path, timeout: float = PROBE_TIMEOUT_S) -> PluginStatus:
+    import grpc
+
+    from devplug._proto import deviceplugin_v1beta1_pb2 as pb
+    from devplug._proto import deviceplugin_v1beta1_pb2_grpc as pb_grpc
+
     name = path.name
     resource = resource_of_socket(name)
     # gRPC's unix: target wants an absolute path ("unix://rel/x" names an authority).
@@ -151,6 +158,8 @@ async def probe_all(kubelet_dir: Path, timeout: float = PROBE_TIMEOUT_S) -> list
 async def probe_kubelet(kubelet_dir: Path, timeout: float = PROBE_TIMEOUT_S) -> KubeletStatus:
     """Whether the kubelet listens on its socket: a connection is opened and closed, nothing
     is sent (a Register call would be an action, not a question)."""
+    from devplug.kubelet.registration import KUBELET_SOCKET
+
     path = kubelet_dir.absolute() / KUBELET_SOCKET
     try:
         if not stat.S_ISSOCK(os.lstat(path).st_mode):
@@ -186,7 +195,7 @@ def status_command(kubelet_dir: Path | None, output: str, timeout: float) -> int
     be read."""
     from devplug.config import DEFAULT_KUBELET_DIR
 
-    os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
+    quiet_grpc_core()  # before grpc loads (in probe)
     source = "--kubelet-dir"
     if kubelet_dir is None:
         from_env = os.environ.get("DEVPLUG_KUBELET_DIR")
