@@ -114,7 +114,7 @@ def test_log_levels_in_any_case(unmatched: Path) -> None:
     assert shown.returncode == 0, shown.stderr
     assert '"event": "scan.entry.unmatched"' in shown.stderr
     hidden = devplug("scan", "--config", str(unmatched), env={"DEVPLUG_LOG_LEVEL": "Error"})
-    assert hidden.returncode == 0 and hidden.stderr == ""
+    assert hidden.returncode == 0 and hidden.stderr == "no devices found\n"
 
 
 @pytest.mark.parametrize(("no_color", "coloured"), [(None, True), ("1", False)])
@@ -378,3 +378,117 @@ async def test_sighups_through_the_whole_start_up_of_run_do_not_kill_it(
     assert sent > 1
     events = [json.loads(line)["event"] for line in err.decode().splitlines() if line[:1] == "{"]
     assert "config.reloaded" in events
+
+
+# ------------------------------------------------------------------------ issue 25
+
+
+def test_the_one_spelling_of_each_scanner_name_is_listed() -> None:
+    """Scanner names are written as their config keys (``intel_gpu``) in help and errors."""
+    text = " ".join(devplug("scan", "--help").stdout.split())
+    assert "comma-separated): generic, intel_gpu, vfio" in text
+    refused = devplug("scan", "--scanner", "gpu")
+    assert refused.stderr.endswith("known scanners: generic, intel_gpu, vfio\n")
+
+
+def test_intel_gpu_in_the_other_spelling_is_accepted_with_a_hint(tmp_path: Path) -> None:
+    config = tmp_path / "config.yaml"
+    config.write_text("scanners:\n  intel-gpu: {shared_dev_num: 2}\n")
+    for args, source in [
+        (["--scanner", "intel-gpu"], "--scanner"),
+        (["--config", str(config)], "scanners.intel-gpu"),
+    ]:
+        result = devplug("scan", *args, "--log-format", "json", "-o", "json")
+        assert result.returncode == 0, result.stderr
+        hints = [json.loads(line) for line in result.stderr.splitlines()]
+        assert [(h["event"], h["source"], h["name"]) for h in hints] == [
+            ("config.scanner.spelling", source, "intel_gpu")
+        ]
+    spelt = devplug("scan", "--scanner", "intel_gpu", "--log-format", "json")
+    assert spelt.returncode == 0 and "config.scanner.spelling" not in spelt.stderr
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--config", "{config}", "scan", "-o", "json"],
+        ["--config={config}", "--log-level", "WARNING", "scan", "-o", "json"],
+        ["-o", "json", "--log-format", "json", "scan", "--config", "{config}"],
+        ["--log-level", "error", "--config", "{config}", "cdi", "generate", "--stdout"],
+        ["--conf", "{config}", "scan", "-ojson"],
+    ],
+    ids=lambda args: " ".join(args),
+)
+def test_flags_before_the_command_are_the_commands_flags(args: list[str], unmatched: Path) -> None:
+    """Issue 25 item 2: ``devplug --config x scan`` is ``devplug scan --config x``."""
+    result = devplug(*(arg.replace("{config}", str(unmatched)) for arg in args))
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout) in ({"resources": {}}, {})
+
+
+def test_a_flag_before_a_command_that_does_not_take_it_is_refused(unmatched: Path) -> None:
+    refused = devplug("--config", str(unmatched), "status")
+    assert refused.returncode == 2
+    assert f"unrecognized arguments: --config {unmatched}" in refused.stderr
+    assert devplug("--config", str(unmatched)).returncode == 2  # no command: usage
+
+
+def test_the_early_option_table_is_the_parsers() -> None:
+    """cli.early moves flags without loading the parser: its table must be the parser's."""
+    from devplug.cli import early
+
+    takes_value: dict[str, bool] = {}
+    for name, parser in subcommands().items():
+        for action in parser._actions:
+            for option in action.option_strings:
+                valued = action.nargs is None and not isinstance(
+                    action, argparse._HelpAction | argparse._StoreConstAction
+                )
+                assert takes_value.setdefault(option, valued) == valued, (name, option)
+    assert {o for o, valued in takes_value.items() if valued} == early.VALUED
+    assert {o for o, valued in takes_value.items() if not valued} - {"-h", "--help"} == early.FLAGS
+    top = {option for action in build_parser()._actions for option in action.option_strings}
+    assert top == early.TOP_LEVEL
+    groups = {name.split()[0] for name in subcommands() if " " in name}
+    assert groups == early.GROUPS
+
+
+def test_run_with_flags_first_guards_its_signals_before_anything_slow(tmp_path: Path) -> None:
+    """``devplug --config x run`` is ``run``: its signals are held from the start."""
+    config = tmp_path / "config.yaml"
+    config.write_text("scanners: {generic: [{resource: Serial, match: {subsystem: tty}}]}\n")
+    report = json.loads(
+        loaded_by("--log-level", "debug", "--config", str(config), "run", before=WATCH_IMPORTS)
+    )
+    assert report.pop("exit") == 2  # refused config: the import of every settings module ran
+    assert set(report.pop("loaded")) >= {"pydantic", "structlog", "yaml"}
+    assert report and all(sighup is False for sighup, _ in report.values()), report
+
+
+async def test_ctrl_c_during_status_exits_130_without_a_traceback(short_dir: Path) -> None:
+    """A plugin socket that accepts and never answers holds ``status`` in its probe."""
+    connected = asyncio.Event()
+
+    async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        connected.set()
+        await reader.read()  # until the client goes
+        writer.close()
+
+    server = await asyncio.start_unix_server(silent, short_dir / "vendor-silent.sock")
+    async with server:
+        process = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "devplug", "status", "--kubelet-dir", str(short_dir),
+            "--timeout", "60",
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        )  # fmt: skip
+        try:
+            async with asyncio.timeout(60):  # a bound on a hang, not a latency assertion
+                await connected.wait()
+            process.send_signal(signal.SIGINT)
+            stdout, stderr = await asyncio.wait_for(process.communicate(), 60)
+        finally:
+            if process.returncode is None:
+                process.kill()
+                await process.wait()
+    assert process.returncode == 130, stderr.decode()
+    assert stdout == b"" and b"Traceback" not in stderr, stderr.decode()

@@ -94,6 +94,40 @@ def test_scanner_flag_and_env_add_builtins_with_defaults(tmp_path: Path) -> None
     assert isinstance(kept.scanners["generic"], list)
 
 
+def test_a_scanner_name_has_one_spelling_and_the_other_is_noted(tmp_path: Path) -> None:
+    """Issue 25 item 1: ``intel_gpu`` (a config key's spelling) wherever a scanner is named;
+    ``intel-gpu`` is accepted from a flag, the variable or a file key, and noted for a hint."""
+    config = write(tmp_path, "scanners:\n  intel-gpu: {shared_dev_num: 3}\n")
+    from_file = load_settings(config, {}, [], {})
+    assert from_file.scanners == {"intel_gpu": {"shared_dev_num": 3}}
+    assert [(r.source, r.given, r.name) for r in from_file.scanner_respellings] == [
+        ("scanners.intel-gpu", "intel-gpu", "intel_gpu")
+    ]
+    from_both = load_settings(None, {}, ["intel-gpu"], {"DEVPLUG_SCANNER": "generic,intel-gpu"})
+    assert list(from_both.scanners) == ["generic", "intel_gpu"]
+    assert [r.source for r in from_both.scanner_respellings] == ["DEVPLUG_SCANNER", "--scanner"]
+    assert "write intel_gpu" in from_both.scanner_respellings[0].hint
+    spelt = load_settings(config, {}, ["intel_gpu", "generic"], {"DEVPLUG_SCANNER": "vfio"})
+    assert list(spelt.scanners) == ["intel_gpu", "vfio", "generic"]
+    assert [r.source for r in spelt.scanner_respellings] == ["scanners.intel-gpu"]
+    assert spelt.scanners["intel_gpu"] == {"shared_dev_num": 3}  # the flag keeps the section
+
+
+def test_two_file_keys_naming_one_scanner_are_refused(tmp_path: Path) -> None:
+    config = write(tmp_path, "scanners:\n  intel_gpu: {}\n  intel-gpu: {shared_dev_num: 2}\n")
+    with pytest.raises(ConfigError) as refused:
+        load_settings(config, {}, [], {})
+    assert refused.value.field == "scanners.intel-gpu"
+    assert "the same scanner as scanners.intel_gpu; keep one section" in refused.value.message
+
+
+def test_a_respelt_section_is_built_by_its_scanner(tmp_path: Path) -> None:
+    config = write(tmp_path, "scanners:\n  intel-gpu: {shared_dev_num: 4}\n")
+    (scanner,) = build_scanners(load_settings(config, {}, [], {}).scanners)
+    assert scanner.name == "intel_gpu"
+    assert scanner.settings.shared_dev_num == 4  # type: ignore[attr-defined]
+
+
 @pytest.mark.parametrize(
     ("yaml_text", "field", "hint"),
     [

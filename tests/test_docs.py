@@ -8,10 +8,12 @@
   an outsider does: devplug installed into a fresh virtualenv, pytest, the plugin's commands.
 - Every metric of the daemon's registry is described in docs/operations.md.
 - Every ``devplug ...`` command line in the docs' shell blocks parses with devplug's own parser.
+- Every log event the docs (README.md, docs/*.md) name is logged somewhere in src.
 """
 
 from __future__ import annotations
 
+import ast
 import importlib
 import inspect
 import os
@@ -506,3 +508,220 @@ def test_the_json_log_example_has_devplugs_keys(tmp_path: Path) -> None:
     assert list(real)[-3:] == list(documented)[-3:] == ["event", "level", "timestamp"]
     timestamp = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}Z")
     assert timestamp.fullmatch(real["timestamp"]) and timestamp.fullmatch(documented["timestamp"])
+
+
+# ------------------------------------------------------------------------ log events
+
+SRC = ROOT / "src" / "devplug"
+DOC_PAGES = [README, *sorted(DOCS.glob("*.md"))]
+DOTTED = re.compile(r"[a-z][a-z0-9_]*(?:\.[a-z][a-z0-9_]*)+")
+# An f-string's placeholder in an event name stands for one dotted segment (``{rpc}.refused``).
+SEGMENT = "[a-z][a-z0-9_]*"
+LOG_METHODS = {"debug", "info", "warning", "error", "exception", "critical", "msg"}
+LEVELS = "(?:debug|info|warning|error|critical)"
+# The last segment of a file name or a domain name written in the docs (``config.yaml``,
+# ``gpu.intel.com``): dotted like events, and neither.
+FILE_SUFFIXES = {"py", "yaml", "yml", "json", "md", "ini", "toml", "sock", "service", "proto"}
+TOP_LEVEL_DOMAINS = {"com", "io", "org", "net"}
+# Dotted names of other things the docs mention, by what they are.
+NOT_EVENTS = {
+    "loop.add_reader": "an asyncio event loop method",
+    "grpc.keepalive_time_ms": "a gRPC channel option",
+    "grpc.max_connection_idle_ms": "a gRPC channel option",
+    "grpc.so_reuseport": "a gRPC server option",
+    "fs.inotify.max_user_watches": "a sysctl",
+    "capabilities.drop": "a field of a pod spec",
+}
+
+
+def _event_pattern(node: ast.expr) -> str | None:
+    """The regular expression an event argument stands for: a string as it is, an f-string
+    with each placeholder one segment; None for anything else (a variable passed along)."""
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return re.escape(node.value)
+    if isinstance(node, ast.JoinedStr):
+        return "".join(
+            re.escape(str(part.value)) if isinstance(part, ast.Constant) else SEGMENT
+            for part in node.values
+        )
+    return None
+
+
+def _assignments(scope: ast.AST) -> dict[str, list[ast.expr]]:
+    """What each name in ``scope`` is assigned (``event = f"{rpc}.refused"``, and pairwise
+    ``event, reason = f"...", str(exc)``)."""
+    values: dict[str, list[ast.expr]] = {}
+    for node in ast.walk(scope):
+        if not isinstance(node, ast.Assign):
+            continue
+        for target in node.targets:
+            if isinstance(target, ast.Name):
+                values.setdefault(target.id, []).append(node.value)
+            elif isinstance(target, ast.Tuple) and isinstance(node.value, ast.Tuple):
+                for name, value in zip(target.elts, node.value.elts, strict=False):
+                    if isinstance(name, ast.Name):
+                        values.setdefault(name.id, []).append(value)
+    return values
+
+
+def _is_log_method(function: ast.expr, assigned: dict[str, list[ast.expr]]) -> bool:
+    """``log.info``, ``self._log.warning``, or a name bound to one (``level = log.warning if
+    ... else log.error``)."""
+    if isinstance(function, ast.Attribute):
+        return function.attr in LOG_METHODS
+    if isinstance(function, ast.Name):
+        return any(
+            isinstance(inner, ast.Attribute) and inner.attr in LOG_METHODS
+            for value in assigned.get(function.id, [])
+            for inner in ast.walk(value)
+        )
+    return False
+
+
+def emitted_event_patterns() -> set[str]:
+    """Every event name src logs, as a regular expression: the first argument of a logger's
+    method (called as an attribute, or through a name bound to one) and the event argument
+    of ``ProblemLog.report(logger, event, ...)``; a name passed there stands for what it is
+    assigned in its function or module."""
+    found: set[str] = set()
+    for path in SRC.rglob("*.py"):
+        module = ast.parse(path.read_text(), str(path))
+        module_values = _assignments(module)
+        scopes: list[ast.AST] = [module]  # module-level calls; names as the module assigns
+        scopes += [
+            node
+            for node in ast.walk(module)
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
+        ]
+        for scope in scopes:
+            local = _assignments(scope)
+            for node in ast.walk(scope):
+                if not isinstance(node, ast.Call):
+                    continue
+                argument: ast.expr | None = None
+                if isinstance(node.func, ast.Attribute) and node.func.attr == "report":
+                    argument = node.args[1] if len(node.args) > 1 else None
+                elif _is_log_method(node.func, local):
+                    argument = node.args[0] if node.args else None
+                if argument is None:
+                    continue
+                candidates = [argument]
+                if isinstance(argument, ast.Name):
+                    candidates = local.get(argument.id) or module_values.get(argument.id, [])
+                for candidate in candidates:
+                    pattern = _event_pattern(candidate)
+                    # Shaped as an event, a placeholder taken as one segment (not a message).
+                    if pattern is not None and DOTTED.fullmatch(
+                        pattern.replace(SEGMENT, "x").replace("\\", "")
+                    ):
+                        found.add(pattern)
+    return found
+
+
+def _without_fences(text: str) -> tuple[str, list[str]]:
+    """The prose of a page, and the lines of its fenced blocks."""
+    prose: list[str] = []
+    fenced: list[str] = []
+    inside = False
+    for line in text.splitlines():
+        if line.strip().startswith("```"):
+            inside = not inside
+            continue
+        (fenced if inside else prose).append(line)
+    return "\n".join(prose), fenced
+
+
+def documented_dotted_names() -> dict[str, set[str]]:
+    """Dotted names the docs write, by page: whole inline code spans (`scan.failed`), and the
+    events of the log lines they show (JSON ``"event": ...``, console ``[info ] name``)."""
+    names: dict[str, set[str]] = {}
+    for page in DOC_PAGES:
+        prose, fenced = _without_fences(page.read_text())
+        found = {span for span in re.findall(r"`([^`\n]+)`", prose) if DOTTED.fullmatch(span)}
+        for line in fenced:
+            found.update(re.findall(r'"event": "([^"]+)"', line))
+            # devplug's console format, and the in-test daemon's summary of its log lines
+            found.update(re.findall(rf"Z \[{LEVELS}\s*\] +(\S+)", line))
+            found.update(re.findall(rf"^\s*(\S+) \[{LEVELS}\]", line))
+        names[page.name] = found
+    return names
+
+
+def _python_name(name: str) -> bool:
+    """Whether ``name`` is a module or attribute path: devplug's own (``kubelet.seams`` is
+    ``devplug.kubelet.seams``), a file of this repository (``bench.hotplug_stages``), or the
+    standard library's (``json.dumps``)."""
+    parts = name.split(".")
+    for root in (ROOT, ROOT / "src", SRC):
+        if root.joinpath(*parts).with_suffix(".py").is_file() or root.joinpath(*parts).is_dir():
+            return True
+    for start in ([*parts], ["devplug", *parts]):
+        if start[0] not in sys.stdlib_module_names and start[0] != "devplug":
+            continue
+        for split in range(len(start), 0, -1):
+            try:
+                value: Any = importlib.import_module(".".join(start[:split]))
+            except ImportError:
+                continue
+            for attribute in start[split:]:
+                value = getattr(value, attribute, None)
+            if value is not None:
+                return True
+            break
+    return False
+
+
+def not_an_event(name: str) -> str | None:
+    """What a dotted name in the docs is, if it is not a log event (None: it claims to be one)."""
+    settings = set(setting_paths())
+    if name in settings or name.startswith("scanners."):
+        return "a setting"
+    last = name.rsplit(".", 1)[-1]
+    if last in FILE_SUFFIXES:
+        return "a file name"
+    if last in TOP_LEVEL_DOMAINS:
+        return "a domain name"
+    if name in NOT_EVENTS:
+        return NOT_EVENTS[name]
+    if _python_name(name):
+        return "a Python name"
+    return None
+
+
+def test_the_event_finder_sees_every_way_src_logs_an_event() -> None:
+    patterns = [re.compile(p) for p in emitted_event_patterns()]
+
+    def emitted(name: str) -> bool:
+        return any(p.fullmatch(name) for p in patterns)
+
+    assert len(patterns) > 60
+    assert emitted("daemon.started")  # log.info("daemon.started", ...)
+    assert emitted("kubelet.register.failed")  # through a local bound to log.warning
+    assert emitted("scan.failed")  # ProblemLog.report(log, "scan.failed", ...)
+    assert emitted("kubelet.dir.missing")  # f"{self.topic}.dir.missing"
+    assert emitted("allocate.refused")  # f"{rpc}.refused"
+    assert not emitted("intel_gpu.list_near_limit") and not emitted("scan")
+
+
+def test_every_log_event_the_docs_name_is_logged_by_src() -> None:
+    """Issue 25 item 3: an operator greps the log for the events the docs name. A dotted name
+    in the docs that src never logs must be something else: a setting, a file, a domain, a
+    Python name or one of NOT_EVENTS."""
+    patterns = [re.compile(p) for p in emitted_event_patterns()]
+
+    def emitted(name: str) -> bool:
+        return any(p.fullmatch(name) for p in patterns)
+
+    named = documented_dotted_names()
+    every = {name for names in named.values() for name in names}
+    # The finder sees events in prose, tables and log examples, and the other dotted names.
+    assert {"scan.failed", "list_limit.devices_held_back", "kubelet.register.complete"} <= {
+        name for name in every if emitted(name)
+    }
+    assert {"cdi.dir", "config.yaml", "kubelet.seams", "kubernetes.io"} <= every
+    unexplained = {
+        page: sorted(name for name in names if not emitted(name) and not_an_event(name) is None)
+        for page, names in named.items()
+    }
+    unexplained = {page: names for page, names in unexplained.items() if names}
+    assert not unexplained, f"log events the docs name that src never logs: {unexplained}"

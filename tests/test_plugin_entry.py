@@ -17,7 +17,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-from devplug.testing import KubeletSimulator
+import pytest
+
+from devplug import __version__
+from devplug.testing import KubeletSimulator, StaticScanner
 
 RESOURCE = "example.com/dummy"
 SCRIPT = """
@@ -321,3 +324,305 @@ def test_the_signal_guard_comes_before_anything_slow() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
     )
     assert result.stdout.splitlines() == ["[] True"]
+
+
+# ------------------------------------------------------------------------ serve(scanners)
+
+# A plugin's own entry point in the form the guide shows: its name, version, description and
+# scanners. A scanner's section can hold it on a line of stdin (``hold: build`` while the
+# scanner is built, ``hold: scan`` while it scans), which puts a Ctrl-C at a known point.
+PLUGIN = """
+import sys
+
+from pydantic import Field
+
+from devplug import DeviceInfo, DeviceNode, SectionSettings, serve
+from devplug.testing.harness import StaticScanner
+
+
+class DummySettings(SectionSettings):
+    count: int = Field(default=1, ge=0)
+    hold: str = "none"
+    fail: str | None = None
+
+
+def held():
+    print("held", file=sys.stderr, flush=True)
+    sys.stdin.readline()
+
+
+class DummyScanner(StaticScanner):
+    def __init__(self, name, resource, settings):
+        info = DeviceInfo(nodes=(DeviceNode("/dev/null"),))
+        super().__init__({resource: {f"dev{i}": info for i in range(settings.count)}})
+        self.name = name
+        self.settings = settings
+
+    def scan(self, source):
+        if self.settings.hold == "scan":
+            held()
+        if self.settings.fail:
+            raise RuntimeError(self.settings.fail)
+        return super().scan(source)
+
+
+def factory(name, resource):
+    def build(raw, field):
+        settings = DummySettings.from_raw(raw, field)
+        if settings.hold == "build":
+            held()
+        return DummyScanner(name, resource, settings)
+
+    return build
+
+
+sys.exit(
+    serve(
+        {
+            "dummy": factory("dummy", "example.com/dummy"),
+            "dummy_gpu": factory("dummy_gpu", "example.com/dummy-gpu"),
+        },
+        program="dummy-plugin",
+        version="1.2.3",
+        description="Serves dummy devices for devplug's tests.",
+    )
+)
+"""
+PLUGIN_ENV = {k: v for k, v in os.environ.items() if not k.startswith("DEVPLUG_")}
+
+
+def plugin_script(directory: Path) -> Path:
+    script = directory / "dummy_plugin_main.py"
+    script.write_text(PLUGIN)
+    return script
+
+
+def plugin(directory: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, str(plugin_script(directory)), *args],
+        capture_output=True,
+        text=True,
+        env=PLUGIN_ENV,
+        cwd=directory,
+        timeout=60,
+        check=False,
+    )
+
+
+def test_the_entry_point_reports_its_own_name_version_and_description(short_dir: Path) -> None:
+    """Issue 25 item 1: not devplug's version and help text."""
+    version = f"dummy-plugin 1.2.3 (devplug {__version__})\n"
+    assert plugin(short_dir, "--version").stdout == version
+    assert plugin(short_dir, "version").stdout == version
+    shown = plugin(short_dir, "--help")
+    assert shown.returncode == 0, shown.stderr
+    assert shown.stdout.startswith("usage: dummy-plugin ")
+    assert "Serves dummy devices for devplug's tests." in shown.stdout
+    assert "Kubernetes device plugin daemon" not in shown.stdout
+
+
+@pytest.mark.parametrize("command", ["run", "scan", "cdi generate"])
+def test_the_entry_point_offers_only_its_own_scanners(command: str, short_dir: Path) -> None:
+    """``--scanner`` lists the plugin's scanners, and devplug's built-in ones are unknown."""
+    shown = plugin(short_dir, *command.split(), "--help")
+    assert "comma-separated): dummy, dummy_gpu" in " ".join(shown.stdout.split())
+    assert "intel" not in shown.stdout and "vfio" not in shown.stdout
+    refused = plugin(short_dir, *command.split(), "--scanner", "intel_gpu")
+    assert refused.returncode == 2
+    assert refused.stderr == (
+        "dummy-plugin: configuration error: --scanner: unknown scanner 'intel_gpu'; "
+        "known scanners: dummy, dummy_gpu\n"
+    )
+    (short_dir / "generic.yaml").write_text("scanners:\n  generic: []\n")
+    in_file = plugin(short_dir, *command.split(), "--config", "generic.yaml")
+    assert in_file.returncode == 2
+    assert in_file.stderr == (
+        "dummy-plugin: configuration error: scanners.generic: unknown scanner; "
+        "known scanners: dummy, dummy_gpu\n"
+    )
+
+
+def log_events(stderr: str) -> list[dict[str, object]]:
+    return [json.loads(line) for line in stderr.splitlines() if line.startswith("{")]
+
+
+def test_a_scanner_name_in_the_other_spelling_is_accepted_with_one_hint(short_dir: Path) -> None:
+    """One spelling per scanner name (``dummy_gpu``, as its config key); ``dummy-gpu`` on the
+    command line or in the file works, and says how it is written."""
+    flag = plugin(short_dir, "scan", "--scanner", "dummy-gpu", "-o", "json", "--log-format", "json")
+    assert flag.returncode == 0, flag.stderr
+    assert list(json.loads(flag.stdout)["resources"]) == ["example.com/dummy-gpu"]
+    (hint,) = log_events(flag.stderr)
+    assert hint["event"] == "config.scanner.spelling" and hint["level"] == "warning"
+    assert (hint["source"], hint["given"], hint["name"]) == ("--scanner", "dummy-gpu", "dummy_gpu")
+
+    (short_dir / "config.yaml").write_text("scanners:\n  dummy-gpu: {count: 2}\n")
+    key = plugin(short_dir, "scan", "--config", "config.yaml", "-o", "json", "--log-format", "json")
+    assert key.returncode == 0, key.stderr
+    assert len(json.loads(key.stdout)["resources"]["example.com/dummy-gpu"]) == 2
+    (hint,) = log_events(key.stderr)
+    assert (hint["source"], hint["given"]) == ("scanners.dummy-gpu", "dummy-gpu")
+
+    (short_dir / "both.yaml").write_text("scanners:\n  dummy_gpu: {}\n  dummy-gpu: {count: 2}\n")
+    both = plugin(short_dir, "scan", "--config", "both.yaml")
+    assert both.returncode == 2
+    assert both.stderr == (
+        "dummy-plugin: configuration error: scanners.dummy-gpu: names the same scanner as "
+        "scanners.dummy_gpu; keep one section, scanners.dummy_gpu\n"
+    )
+
+
+def static(raw: object, field: str) -> StaticScanner:
+    return StaticScanner()
+
+
+def test_a_factory_name_not_in_snake_case_is_refused() -> None:
+    from devplug import serve
+
+    with pytest.raises(ValueError, match="'misc-dev' must be snake_case"):
+        serve({"misc-dev": static}, program="x", version="1", argv=["scan"])
+    with pytest.raises(TypeError, match="version="):
+        serve({"misc": static}, program="x", argv=["scan"])  # type: ignore[call-overload]
+
+
+# ------------------------------------------------------------------------ scan outcomes
+
+
+def test_a_crashed_scanner_is_named_with_its_reason_not_no_devices_found(short_dir: Path) -> None:
+    """Issue 25 item 2: stdout carries only what the scanners that worked found; stderr says
+    which scanner failed and why; the status is 1."""
+    (short_dir / "crash.yaml").write_text("scanners:\n  dummy: {fail: sysfs went away}\n")
+    crashed = plugin(short_dir, "scan", "--config", "crash.yaml", "--log-level", "error")
+    assert crashed.returncode == 1
+    assert crashed.stdout == ""
+    assert "no devices found" not in crashed.stderr
+    assert crashed.stderr.splitlines()[-1] == (
+        "dummy-plugin: scanner dummy failed: RuntimeError: sysfs went away"
+    )
+
+    (short_dir / "half.yaml").write_text(
+        "scanners:\n  dummy: {fail: sysfs went away}\n  dummy_gpu: {count: 1}\n"
+    )
+    half = plugin(short_dir, "scan", "--config", "half.yaml", "--log-level", "error")
+    assert half.returncode == 1
+    assert [row.split()[:2] for row in half.stdout.splitlines()] == [
+        ["RESOURCE", "ID"],
+        ["example.com/dummy-gpu", "dev0"],
+    ]
+    assert "dummy-plugin: scanner dummy failed: RuntimeError: sysfs went away" in half.stderr
+
+    generate = plugin(
+        short_dir, "cdi", "generate", "--config", "crash.yaml", "--output-dir", "specs",
+        "--log-level", "error",
+    )  # fmt: skip
+    assert generate.returncode == 1
+    assert generate.stdout == ""
+    assert "dummy-plugin: scanner dummy failed: RuntimeError: sysfs went away" in generate.stderr
+    assert not (short_dir / "specs").exists()
+
+
+def test_no_devices_found_is_said_on_stderr_when_it_is_true(short_dir: Path) -> None:
+    (short_dir / "none.yaml").write_text("scanners:\n  dummy: {count: 0}\n")
+    table = plugin(short_dir, "scan", "--config", "none.yaml")
+    assert (table.returncode, table.stdout, table.stderr) == (0, "", "no devices found\n")
+    document = plugin(short_dir, "scan", "--config", "none.yaml", "-o", "json")
+    assert (document.returncode, document.stderr) == (0, "")
+    assert json.loads(document.stdout) == {"resources": {}}
+
+
+# ------------------------------------------------------------------------ Ctrl-C
+
+
+async def interrupted(
+    directory: Path, *args: str
+) -> tuple[int | None, bytes, bytes, asyncio.subprocess.Process]:
+    """The plugin run with ``args`` until its scanner holds, then a SIGINT (and the line that
+    lets a held scanner go on, for a process that handles the signal rather than raising)."""
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        str(plugin_script(directory)),
+        *args,
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        env=PLUGIN_ENV,
+        cwd=directory,
+    )
+    assert process.stderr is not None and process.stdin is not None
+    seen = b""
+    try:
+        async with asyncio.timeout(60):  # a bound on a hang, not a latency assertion
+            while (line := await process.stderr.readline()) != b"held\n":
+                assert line, f"the plugin ended before its scanner held: {seen.decode()}"
+                seen += line
+        process.send_signal(signal.SIGINT)
+        process.stdin.write(b"go\n")
+        await process.stdin.drain()
+    finally:
+        stdout, stderr = await finish(process)
+    return process.returncode, stdout, seen + stderr, process
+
+
+@pytest.mark.parametrize(
+    "command",
+    [["scan"], ["scan", "-o", "json"], ["cdi", "generate", "--output-dir", "specs"]],
+    ids=" ".join,
+)
+async def test_ctrl_c_while_a_command_scans_exits_130_without_a_traceback(
+    command: list[str], short_dir: Path
+) -> None:
+    (short_dir / "hold.yaml").write_text("scanners:\n  dummy: {hold: scan}\n")
+    code, stdout, stderr, _ = await interrupted(short_dir, *command, "--config", "hold.yaml")
+    assert code == 130, stderr.decode()
+    assert stdout == b""
+    assert b"Traceback" not in stderr and b"KeyboardInterrupt" not in stderr, stderr.decode()
+    assert not (short_dir / "specs").exists()
+
+
+async def test_ctrl_c_before_run_serves_exits_130_and_serves_nothing(
+    kubelet: KubeletSimulator, kubelet_dir: Path, short_dir: Path
+) -> None:
+    """Run's pre-daemon phase (here: building the scanners) ends on Ctrl-C like any command;
+    nothing is registered."""
+    config = short_dir / "hold.yaml"
+    config.write_text(
+        f"kubelet_dir: {kubelet_dir}\nlog_format: json\ncdi: {{dir: {short_dir / 'cdi'}}}\n"
+        "scanners:\n  dummy: {hold: build}\n"
+    )
+    code, stdout, stderr, _ = await interrupted(short_dir, "run", "--config", str(config))
+    assert code == 130, stderr.decode()
+    assert stdout == b"" and b"Traceback" not in stderr, stderr.decode()
+    assert kubelet.registrations == []
+    assert not (short_dir / "cdi").exists()
+
+
+async def test_sigint_while_run_serves_still_stops_in_order_with_0(
+    kubelet: KubeletSimulator, kubelet_dir: Path, short_dir: Path
+) -> None:
+    config = short_dir / "config.yaml"
+    config.write_text(
+        f"kubelet_dir: {kubelet_dir}\nlog_format: json\ncdi: {{dir: {short_dir / 'cdi'}}}\n"
+        "scanners:\n  dummy: {count: 2}\n"
+    )
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        str(plugin_script(short_dir)),
+        "run",
+        "--config",
+        str(config),
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        env=PLUGIN_ENV,
+    )
+    seen: list[dict[str, object]] = []
+    try:
+        await read_until(process, "daemon.ready", seen)
+        session = await kubelet.wait_for_plugin(RESOURCE, timeout=60)
+        assert set(await session.wait_for_update()) == {"dev0", "dev1"}
+        process.send_signal(signal.SIGINT)
+    finally:
+        stdout, stderr = await finish(process)
+    assert process.returncode == 0, stderr.decode()
+    assert stdout == b""
+    names = events_of(seen, stderr)
+    assert names.index("daemon.stopping") < names.index("daemon.stopped")

@@ -23,6 +23,44 @@ def python_blocks() -> list[str]:
     return re.findall(r"```python\n(.*?)```", README, flags=re.DOTALL)
 
 
+def test_the_plugin_author_example_has_serves_entry_point(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 25 item 3: the README shows serve() as it is: the plugin's own name, version,
+    description and scanners."""
+    from devplug import __version__
+
+    scanner_code, _ = python_blocks()
+    namespace: dict[str, Any] = {}
+    exec(compile(scanner_code, "README.md:scanner", "exec"), namespace)
+
+    def run(*args: str) -> tuple[int, str]:
+        monkeypatch.setattr(sys, "argv", ["camera-plugin", *args])
+        capsys.readouterr()
+        try:
+            code = namespace["main"]()
+        except SystemExit as exc:  # argparse's --help
+            code = exc.code
+        return code, capsys.readouterr().out
+
+    assert run("--version") == (0, f"camera-plugin 1.0.0 (devplug {__version__})\n")
+    code, shown = run("scan", "--help")
+    assert code == 0 and shown.startswith("usage: camera-plugin scan ")
+    assert "comma-separated): camera\n" in shown
+    code, shown = run("--help")
+    assert "Serves video4linux cameras to containers." in shown
+
+
+def test_the_stand_in_section_has_a_pasteable_setup_with_umockdev() -> None:
+    """The kubelet stand-in needs umockdev: its section installs it, in a command to paste."""
+    text = section("Try it with a kubelet stand-in")
+    (setup,) = [line for line in sh_lines(text) if line.startswith("SUDO=")]
+    install = re.search(r"\$SUDO apt-get install -y ([^&]+)&&", setup)
+    assert install is not None and "umockdev" in install.group(1).split()
+    assert "python3 -m venv .venv && .venv/bin/pip install ." in setup
+    assert sh_lines(text).index(setup) == 0  # before the commands that need it
+
+
 async def test_the_plugin_author_example_runs(short_dir: Path) -> None:
     from devplug.testing.umockdev import preload_active
 
@@ -120,7 +158,8 @@ async def test_the_two_terminal_session_runs_as_shown(short_dir: Path) -> None:
     daemon: asyncio.subprocess.Process | None = None
     try:
         assert await read_line(console.stdout) == shown[0].replace(TRY_DIR, str(short_dir))
-        mock_host, run = sh_lines(text)
+        setup, mock_host, run = sh_lines(text)
+        assert setup in setup_commands()
         built = await asyncio.create_subprocess_exec(*local(mock_host, short_dir), cwd=ROOT)
         assert await built.wait() == 0
         daemon = await asyncio.create_subprocess_exec(
@@ -152,7 +191,7 @@ async def test_the_two_terminal_session_runs_as_shown(short_dir: Path) -> None:
 @pytest.mark.parametrize(
     ("preset", "command"),
     [
-        ("intel-gpu", "devplug scan --scanner intel-gpu"),
+        ("intel-gpu", "devplug scan --scanner intel_gpu"),
         ("vfio", "devplug scan --config examples/vfio.yaml"),
     ],
 )
@@ -212,7 +251,7 @@ def test_the_setup_commands_need_no_sudo_as_root_and_use_it_otherwise() -> None:
     """A fresh Debian machine's root has no sudo (``sudo: command not found``); a normal user
     needs it. Both run the README's two commands as they are."""
     commands = setup_commands()
-    assert len(commands) == 2, "the dry run's and the tests' setup commands"
+    assert len(commands) == 3, "the dry run's, the stand-in's and the tests' setup commands"
     for command in commands:
         assert command.split("; ", 1)[1].startswith("$SUDO apt-get update && $SUDO apt-get")
         assert " sudo " not in f" {command.split('; ', 1)[1]} "

@@ -37,6 +37,7 @@ if TYPE_CHECKING:
     from devplug.scanners.base import Scanner
 
 EXIT_CONFIG = 2  # bad usage or configuration: nothing was served
+EXIT_INTERRUPTED = 130  # Ctrl-C before the daemon served (128 + SIGINT)
 # The same sets as devplug.daemon's, which is imported only when the daemon runs.
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT)
 HANDLED_SIGNALS = (*STOP_SIGNALS, signal.SIGHUP)
@@ -59,6 +60,7 @@ class SignalGuard:
 
     def __init__(self) -> None:
         self.stop_requested = False
+        self.stop_signal: int | None = None  # the first stop signal
         self.reload_requested = False
         self._target: tuple[asyncio.AbstractEventLoop, Daemon] | None = None
         self._previous: dict[int, Any] = {}
@@ -120,6 +122,8 @@ class SignalGuard:
             self.reload_requested = True
         else:
             self.stop_requested = True
+            if self.stop_signal is None:
+                self.stop_signal = signum
         if self._target is not None:
             loop, daemon = self._target
             with contextlib.suppress(RuntimeError):  # the loop is closed: nothing to tell
@@ -203,8 +207,8 @@ def serve(load: Loader, *, program: str = "devplug") -> int:
 
     Returns the exit status: 0 after an orderly stop (however many stop signals came), 2 for a
     configuration error (printed to stderr as ``<program>: configuration error: ...``; nothing
-    was served), 1 if ``load`` raised anything else (its traceback on stderr) or the daemon
-    crashed (logged).
+    was served), 130 when SIGINT (Ctrl-C) came before the daemon served, 1 if ``load`` raised
+    anything else (its traceback on stderr) or the daemon crashed (logged).
     """
     # First: a SIGHUP's default action kills, and imports and loading take a while.
     with _guarded() as guard:
@@ -221,10 +225,18 @@ def serve(load: Loader, *, program: str = "devplug") -> int:
 
             traceback.print_exc()
             return 1
+        from devplug.config.scanner_names import log_respellings
         from devplug.logconfig import configure
 
         configure(settings.log_format, settings.log_level)
-        return run_daemon(settings, scanners, load, program=program, guard=guard)
+        log_respellings(settings.scanner_respellings)
+
+        def reload() -> tuple[Settings, Sequence[Scanner]]:
+            loaded = load()
+            log_respellings(loaded[0].scanner_respellings)
+            return loaded
+
+        return run_daemon(settings, scanners, reload, program=program, guard=guard)
 
 
 def run_daemon(
@@ -246,7 +258,8 @@ def run_daemon(
 
     if guard.stop_requested:
         structlog.get_logger("devplug.daemon").info("daemon.stopped", served=False)
-        return 0
+        # Ctrl-C before anything was served interrupted a command, as it would any other.
+        return EXIT_INTERRUPTED if guard.stop_signal == signal.SIGINT else 0
     # Before grpc loads: its core's own lines would bypass the JSON log (see logconfig).
     from devplug.logconfig import quiet_grpc_core
 

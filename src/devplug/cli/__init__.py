@@ -1,7 +1,8 @@
 """Command line: ``devplug run | scan | cdi generate | status | version``, and the same command
 line for a plugin author's own entry point (:func:`serve`).
 
-Exit status: 0 success, 2 bad usage or configuration (nothing was served), 1 anything else.
+Exit status: 0 success, 2 bad usage or configuration (nothing was served), 130 interrupted
+(Ctrl-C), 1 anything else. Flags may come before the command (:mod:`devplug.cli.early`).
 
 Start-up is kept short: ``version`` and ``--version`` are answered before anything else loads,
 ``--help`` needs only the parser (the scanners' names, not their modules), and the commands
@@ -14,9 +15,10 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, overload
 
-from devplug._version import __version__
+from devplug.cli import early
+from devplug.cli.early import EXIT_INTERRUPTED
 
 if TYPE_CHECKING:
     from devplug.cli.commands import ScannerFactory
@@ -39,55 +41,74 @@ def __getattr__(name: str) -> Any:
     return value
 
 
-def _command(argv: Sequence[str]) -> str | None:
-    """The command word: the first argument that is not an option (the top-level options,
-    ``--help`` and ``--version``, take no value)."""
-    return next((arg for arg in argv if not arg.startswith("-")), None)
-
-
 def main(
     argv: Sequence[str] | None = None,
     *,
     scanners: Mapping[str, ScannerFactory] | None = None,
     program: str = "devplug",
+    version: str | None = None,
+    description: str | None = None,
 ) -> int:
     """Run one command and return its exit status.
 
-    ``scanners`` adds scanner factories by config name to the built-in ones: a plugin author's
-    entry point gets every command (``run``, ``scan``, ``cdi generate``, ``status``), the
-    settings flags and environment, and its sections validated by its own factories.
+    ``scanners`` (config name -> factory) are the scanners this command line offers, in place
+    of devplug's built-in ones: a plugin author's entry point gets every command (``run``,
+    ``scan``, ``cdi generate``, ``status``), the settings flags and environment, and its
+    sections validated by its own factories. ``program``, ``version`` and ``description`` are
+    what ``--version`` and ``--help`` say (None: devplug's).
 
     Without ``argv`` (the process's own command line: the console script, ``python -m
     devplug``, :func:`serve`), ``run`` holds the signals from here on; a call with ``argv``
     (a test, an embedding program) leaves the process's handlers alone until it serves.
+    Ctrl-C ends any command with status 130 and no traceback (``run``, once it serves, stops
+    in order on SIGINT instead: status 0).
     """
-    if argv is None:
-        argv = sys.argv[1:]
-        if _command(argv) == "run":
-            from devplug.plugin import guard_signals, pause_gc, resume_gc
+    own = argv is None
+    argv = early.hoist(sys.argv[1:] if argv is None else argv)
+    if own and early.command(argv) == "run":
+        from devplug.plugin import guard_signals, pause_gc, resume_gc
 
-            guard_signals()  # first: until now a SIGHUP's default action kills the process
-            pause_gc()  # while the daemon's modules import (resumed before it scans)
-            try:
-                return _main(argv, scanners, program)
-            finally:
-                resume_gc()  # if the daemon never ran (a refused config, say)
-    return _main(argv, scanners, program)
+        guard_signals()  # first: until now a SIGHUP's default action kills the process
+        pause_gc()  # while the daemon's modules import (resumed before it scans)
+        try:
+            return _interruptible(argv, scanners, program, version, description)
+        finally:
+            resume_gc()  # if the daemon never ran (a refused config, say)
+    return _interruptible(argv, scanners, program, version, description)
 
 
-def _main(argv: Sequence[str], scanners: Mapping[str, ScannerFactory] | None, program: str) -> int:
-    argv = list(argv)
+def _interruptible(
+    argv: list[str],
+    scanners: Mapping[str, ScannerFactory] | None,
+    program: str,
+    version: str | None,
+    description: str | None,
+) -> int:
+    try:
+        return _main(argv, scanners, program, version, description)
+    except KeyboardInterrupt:
+        # The shell shows the ^C; a traceback of where the command happened to be is noise.
+        return EXIT_INTERRUPTED
+
+
+def _main(
+    argv: list[str],
+    scanners: Mapping[str, ScannerFactory] | None,
+    program: str,
+    version: str | None,
+    description: str | None,
+) -> int:
     if argv in (["version"], ["--version"]):
-        print(f"{program} {__version__}")
+        print(early.version_line(program, version))
         return 0
     from devplug.cli.parser import EXIT_USAGE, build_parser
-    from devplug.scanners.registry import with_builtins
 
-    # Looked up by name when a command builds its scanners: only those configured load.
-    factories = with_builtins(scanners)
-    args = build_parser(program, factories).parse_args(argv)
+    factories = _factories(scanners)
+    args = build_parser(program, factories, version=version, description=description).parse_args(
+        argv
+    )
     if args.command == "version":
-        print(f"{program} {__version__}")
+        print(early.version_line(program, version))
         return 0
     if args.command == "status":
         from devplug.cli.status import status_command
@@ -113,25 +134,66 @@ def _main(argv: Sequence[str], scanners: Mapping[str, ScannerFactory] | None, pr
     return commands.run(program, settings, built, args, factories)
 
 
+def _factories(scanners: Mapping[str, ScannerFactory] | None) -> Mapping[str, ScannerFactory]:
+    """The scanners offered: a plugin's own, or devplug's built-in ones (each module loaded
+    when a command builds that scanner, so only the configured ones load)."""
+    if scanners is None:
+        from devplug.scanners.registry import BUILTIN_SCANNERS
+
+        return BUILTIN_SCANNERS
+    from devplug.config.scanner_names import scanner_name_problem
+
+    for name in scanners:
+        problem = scanner_name_problem(name)
+        if problem is not None:
+            raise ValueError(problem)
+    return scanners
+
+
+@overload
+def serve(
+    scanners: Mapping[str, ScannerFactory],
+    *,
+    program: str,
+    version: str,
+    description: str | None = None,
+    argv: Sequence[str] | None = None,
+) -> int: ...
+
+
+@overload
+def serve(scanners: Loader, *, program: str = "devplug") -> int: ...
+
+
 def serve(
     scanners: Mapping[str, ScannerFactory] | Loader,
     *,
-    program: str = "devplug",
+    program: str | None = None,
+    version: str | None = None,
+    description: str | None = None,
     argv: Sequence[str] | None = None,
 ) -> int:
-    """A plugin author's entry point: devplug's command line with ``scanners`` added.
+    """A plugin author's entry point: devplug's command line, as ``program``, with only the
+    author's ``scanners``.
 
-    ``scanners`` maps config section names to factories ``(raw section, field) -> Scanner``
-    (``MyScanner.from_config``); ``argv`` defaults to ``sys.argv[1:]`` (and then ``run``
-    guards the signals first, as ``devplug run`` does). Returns the exit status. The older
-    form, a function returning ``(settings, scanners)``, still serves without a command line
-    (see :func:`devplug.plugin.serve`).
+    ``scanners`` maps config section names (snake_case, as config keys) to factories ``(raw
+    section, field) -> Scanner`` (``MyScanner.from_config``). ``program``, ``version`` and
+    ``description`` are the plugin's own: its name in messages and ``--help``, and what
+    ``--version`` prints (``misc-plugin 1.2.0 (devplug 0.1.0)``). ``argv`` defaults to
+    ``sys.argv[1:]`` (and then ``run`` guards the signals first, as ``devplug run`` does).
+    Returns the exit status. To offer devplug's built-in scanners as well, pass
+    ``devplug.scanners.registry.with_builtins(scanners)``.
+
+    The older form, a function returning ``(settings, scanners)``, still serves without a
+    command line (see :func:`devplug.plugin.serve`).
     """
     if callable(scanners):
         from devplug.plugin import serve as serve_loader
 
-        return serve_loader(scanners, program=program)
-    return main(argv, scanners=scanners, program=program)
+        return serve_loader(scanners, program=program or "devplug")
+    if program is None or version is None:
+        raise TypeError("serve() needs the plugin's own program= and version=")
+    return main(argv, scanners=scanners, program=program, version=version, description=description)
 
 
 if __name__ == "__main__":

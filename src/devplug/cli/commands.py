@@ -14,6 +14,7 @@ import structlog
 
 from devplug.cli.parser import EXIT_FAILED, EXIT_OK, EXIT_USAGE
 from devplug.config import ENV_PREFIX, SCALAR_KEYS, Settings, env_scanners, load_settings
+from devplug.config.scanner_names import log_respellings, scanner_name
 from devplug.errors import CdiSpecError, ConfigError
 from devplug.logconfig import configure
 from devplug.naming import MAX_UNIX_SOCKET_PATH, short_socket_file_name
@@ -50,10 +51,10 @@ def load(args: argparse.Namespace, factories: Mapping[str, ScannerFactory]) -> S
 def _check_scanner_names(
     from_flags: Sequence[str], factories: Mapping[str, ScannerFactory]
 ) -> None:
-    known = ", ".join(sorted(n.replace("_", "-") for n in factories))
+    known = ", ".join(sorted(factories))
     for source, names in (("DEVPLUG_SCANNER", env_scanners(os.environ)), ("--scanner", from_flags)):
         for name in names:
-            if name.replace("-", "_") not in factories:
+            if scanner_name(name) not in factories:
                 raise ConfigError(source, f"unknown scanner {name!r}; known scanners: {known}")
 
 
@@ -82,6 +83,7 @@ def prepare(
     settings = load(args, factories)
     configure(settings.log_format, settings.log_level)
     warn_unknown_environment()
+    log_respellings(settings.scanner_respellings)
     scanners = build(settings, factories)
     if args.command == "run":
         check_dirs(settings)
@@ -120,7 +122,9 @@ def warn_unknown_environment() -> None:
 
 
 def scan(program: str, scanners: Sequence[Scanner], output: str) -> int:
-    """Print the tree; status 1 when a scanner failed or two produced one resource."""
+    """Print the tree on stdout (what the scanners that worked found); on stderr, each failed
+    scanner and why, and "no devices found" only when every scanner ran and found nothing.
+    Status 1 when a scanner failed or two produced one resource."""
     from devplug.cli.report import render
     from devplug.hotplug.scanning import ScanRunner
 
@@ -139,10 +143,19 @@ def scan(program: str, scanners: Sequence[Scanner], output: str) -> int:
             f"{result.owners[resource].name}, not from {', '.join(losers)}",
         )
         status = EXIT_FAILED
-    if result.failed:
-        fail(program, f"scanner failed: {', '.join(result.failed)} (see scan.failed above)")
+    if scanners_failed(program, result.failure_reasons):
         status = EXIT_FAILED
+    elif not result.tree and output == "table":
+        # As kubectl's "No resources found": a message, so on stderr.
+        print("no devices found", file=sys.stderr)
     return status
+
+
+def scanners_failed(program: str, reasons: Mapping[str, str]) -> bool:
+    """Say which scanners failed and why; whether any did."""
+    for name, reason in reasons.items():
+        fail(program, f"scanner {name} failed: {reason}")
+    return bool(reasons)
 
 
 def warn_unmatched(scanners: Sequence[Scanner], tree: Mapping[str, object]) -> None:
@@ -203,8 +216,13 @@ def cdi_generate(
     instance = settings.cdi.instance or default_instance(scanners)
     directory = args.output_dir or STATIC_CDI_DIR
     try:
-        tree = ScanRunner(scanners).scan_blocking().tree
-        specs = tree_specs(tree, settings.cdi.kinds)
+        result = ScanRunner(scanners).scan_blocking()
+        if scanners_failed(program, result.failure_reasons):
+            # Specs from the others alone would be short of the failed scanner's resources
+            # (and --prune would delete theirs).
+            fail(program, "nothing written or printed")
+            return EXIT_FAILED
+        specs = tree_specs(result.tree, settings.cdi.kinds)
         if output is not None:
             sys.stdout.write(_specs_document(specs_text(specs), output))
             return EXIT_OK
@@ -228,7 +246,7 @@ def cdi_generate(
     for name in removed:
         print(f"removed {directory / name} (devplug's, for a resource this host no longer has)")
     if not written:
-        print(f"no devices found: nothing written to {directory}")
+        print(f"no devices found: nothing written to {directory}", file=sys.stderr)
     return EXIT_OK
 
 
@@ -254,6 +272,8 @@ def run(
     def reload_config() -> tuple[Settings, Sequence[Scanner]]:
         """SIGHUP: the same file, flags and environment, read again and validated."""
         fresh = load(args, factories)
-        return fresh, build(fresh, factories)
+        scanners = build(fresh, factories)
+        log_respellings(fresh.scanner_respellings)
+        return fresh, scanners
 
     return run_daemon(settings, scanners, reload_config, program=program)

@@ -2,7 +2,11 @@
 
 Conventions (those of kubectl, helm, systemctl): ``--version``; ``-o/--output`` picks the
 format of every command that prints a document (``table``, ``json``, ``yaml``); each command's
-``--help`` has a one-line description and its exit statuses; log levels in any case.
+``--help`` has a one-line description and its exit statuses; log levels in any case; flags
+before the command as after it (:mod:`devplug.cli.early`); Ctrl-C exits 130.
+
+A plugin author's entry point gets the same parser with its own name, version, description
+and scanners.
 """
 
 from __future__ import annotations
@@ -14,24 +18,27 @@ from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
-from devplug import __version__
+from devplug.cli.early import EXIT_INTERRUPTED, version_line
 
 EXIT_OK = 0
 EXIT_FAILED = 1
 EXIT_USAGE = 2  # bad usage or configuration: nothing was served or written
+__all__ = ["EXIT_FAILED", "EXIT_INTERRUPTED", "EXIT_OK", "EXIT_USAGE", "build_parser"]
+
+DESCRIPTION = "Kubernetes device plugin daemon: serves devices found through udev."
 
 LOG_LEVELS = ("debug", "info", "warning", "error")
 FORMATS = ("table", "json", "yaml")
 
 _EXITS = {
     "run": "0 stopped by SIGTERM or SIGINT; 1 the daemon failed; 2 bad usage or configuration "
-    "(nothing was served)",
+    "(nothing was served); 130 interrupted (Ctrl-C) before it served",
     "scan": "0 scanned; 1 a scanner failed or two scanners produced one resource; 2 bad usage "
-    "or configuration",
-    "generate": "0 written or printed; 1 a spec could not be written (or is another's); 2 bad "
-    "usage or configuration",
+    "or configuration; 130 interrupted",
+    "generate": "0 written or printed; 1 a scanner failed or a spec could not be written (or is "
+    "another's); 2 bad usage or configuration; 130 interrupted",
     "status": "0 every plugin answered; 1 a plugin did not answer, or the dir cannot be read; "
-    "2 bad usage",
+    "2 bad usage; 130 interrupted",
     "version": "0",
 }
 
@@ -77,7 +84,7 @@ def _settings_flags(
         default=[],
         metavar="NAME",
         help="add a scanner with its defaults; repeatable (env DEVPLUG_SCANNER, "
-        f"comma-separated): {', '.join(sorted(n.replace('_', '-') for n in scanner_names))}",
+        f"comma-separated): {', '.join(sorted(scanner_names))}",
     )
     if serving:
         group.add_argument(
@@ -103,9 +110,15 @@ def _settings_flags(
 
 
 def build_parser(
-    program: str = "devplug", scanner_names: Collection[str] | None = None
+    program: str = "devplug",
+    scanner_names: Collection[str] | None = None,
+    *,
+    version: str | None = None,
+    description: str | None = None,
 ) -> argparse.ArgumentParser:
-    """``program``'s parser; ``scanner_names`` are the scanners ``--scanner`` may name."""
+    """``program``'s parser; ``scanner_names`` are the scanners ``--scanner`` may name (by
+    default devplug's built-in ones). ``version`` and ``description`` are a plugin's own
+    (None: devplug's)."""
     if scanner_names is None:
         from devplug.scanners.registry import BUILTIN_SCANNERS
 
@@ -113,12 +126,16 @@ def build_parser(
     formatter = argparse.RawDescriptionHelpFormatter
     parser = argparse.ArgumentParser(
         prog=program,
-        description="Kubernetes device plugin daemon: serves devices found through udev.",
-        epilog="exit status: 0 success; 1 failure; 2 bad usage or configuration. "
-        f"'{program} COMMAND --help' describes each command. NO_COLOR turns colours off.",
+        description=description or DESCRIPTION,
+        epilog=textwrap.fill(
+            "exit status: 0 success; 1 failure; 2 bad usage or configuration; 130 interrupted. "
+            f"'{program} COMMAND --help' describes each command; its flags may also come "
+            f"before it ('{program} --config FILE scan'). NO_COLOR turns colours off.",
+            width=79,
+        ),
         formatter_class=formatter,
     )
-    parser.add_argument("--version", action="version", version=f"{program} {__version__}")
+    parser.add_argument("--version", action="version", version=version_line(program, version))
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     def command(name: str, summary: str, parent: Any = sub) -> argparse.ArgumentParser:

@@ -58,7 +58,8 @@ def render(tree: DeviceTree, output: str, extras: Mapping[str, object] | None = 
         return json.dumps(document, indent=2) + "\n"
     if output == "yaml":
         return yaml.safe_dump(document, sort_keys=False)
-    return render_table(tree) + render_notes(extras or {})
+    table, notes = render_table(tree), render_notes(extras or {})
+    return table + notes if table else notes.lstrip("\n")
 
 
 def render_notes(extras: Mapping[str, object]) -> str:
@@ -75,6 +76,8 @@ def render_notes(extras: Mapping[str, object]) -> str:
 
 
 def render_table(tree: DeviceTree) -> str:
+    """One row per device under a header; nothing at all for an empty tree (whether that
+    means "no devices found" is the caller's to say: a scanner may have failed)."""
     rows = [("RESOURCE", "ID", "HEALTH", "NUMA", "DEVICE NODES")]
     for name in sorted(tree):
         for device_id in sorted(tree[name], key=natural_key):
@@ -83,7 +86,7 @@ def render_table(tree: DeviceTree) -> str:
             nodes = " ".join(n.host_path for n in info.nodes) or "-"
             rows.append((name, device_id, str(info.health), numa, nodes))
     if len(rows) == 1:
-        return "no devices found\n"
+        return ""
     widths = [max(len(row[i]) for row in rows) for i in range(4)]
     lines = [
         "  ".join(cell.ljust(width) for cell, width in zip(row[:4], widths, strict=True))

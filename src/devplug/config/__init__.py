@@ -21,6 +21,7 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    PrivateAttr,
     ValidationError,
     ValidationInfo,
     field_validator,
@@ -29,6 +30,7 @@ from pydantic import (
 from devplug.config.address import parse_address
 from devplug.config.files import read_config_file
 from devplug.config.messages import config_error
+from devplug.config.scanner_names import Respelling, scanner_name
 from devplug.errors import ConfigError
 from devplug.naming import cdi_kind_problem, resource_name_problem
 
@@ -39,6 +41,7 @@ __all__ = [
     "SCALAR_KEYS",
     "CdiSettings",
     "HotplugSettings",
+    "Respelling",
     "SectionSettings",
     "Settings",
     "StrictModel",
@@ -215,8 +218,16 @@ class Settings(StrictModel):
     log_format: LogFormat | None = None
     log_level: LogLevel = "info"
     hotplug: HotplugSettings = HotplugSettings()
-    # scanner name -> its raw section; validated by devplug.scanners.registry.
+    # scanner name (its one spelling: intel_gpu) -> its raw section; validated by
+    # devplug.scanners.registry.
     scanners: dict[str, Any] = Field(default_factory=dict)
+    # The scanner names that load_settings was given in the other spelling (intel-gpu): the
+    # hints are logged by whoever configures logging, after the settings are read.
+    _respellings: tuple[Respelling, ...] = PrivateAttr(default=())
+
+    @property
+    def scanner_respellings(self) -> tuple[Respelling, ...]:
+        return self._respellings
 
     # What a running daemon set up once and cannot change on SIGHUP: its sockets' dir, the
     # CDI dir and its lock, the HTTP listener, the logging pipeline.
@@ -272,7 +283,7 @@ def env_overrides(environ: Mapping[str, str]) -> dict[str, Any]:
 
 
 def env_scanners(environ: Mapping[str, str]) -> list[str]:
-    """DEVPLUG_SCANNER: comma-separated built-in scanner names."""
+    """DEVPLUG_SCANNER: comma-separated scanner names, as given."""
     raw = environ.get(ENV_PREFIX + "SCANNER", "")
     return [name.strip() for name in raw.split(",") if name.strip()]
 
@@ -290,8 +301,10 @@ def load_settings(
     ``--kubelet-dir``). A missing ``config_file`` is an error; None reads none.
     ``config_source`` is what named the file (``--config`` or ``DEVPLUG_CONFIG``), for errors.
 
-    ``scanner_names`` (from --scanner or DEVPLUG_SCANNER) add built-in scanners with their
-    defaults unless the file already configures them; ``intel-gpu`` names ``intel_gpu``.
+    ``scanner_names`` (from --scanner) and DEVPLUG_SCANNER add scanners with their defaults
+    unless the file already configures them. A scanner name is written ``intel_gpu``; one
+    given as ``intel-gpu`` (a flag, the variable or a file key) is accepted, and noted in
+    :attr:`Settings.scanner_respellings` for a hint.
     """
     environ = os.environ if environ is None else environ
     raw: dict[str, Any] = (
@@ -314,18 +327,48 @@ def load_settings(
             raise ConfigError("cdi", "must be a mapping of CDI settings")
         cdi["dir"] = raw.pop("cdi_dir")
         raw["cdi"] = cdi
-    # Flags spell names with "-" (intel-gpu), config sections with "_" (intel_gpu).
-    names = [name.replace("-", "_") for name in (*env_scanners(environ), *scanner_names)]
-    if names:
+    respellings: list[Respelling] = []
+    if isinstance(raw.get("scanners"), dict):
+        raw["scanners"] = _file_sections(raw["scanners"], respellings)
+    given = [("DEVPLUG_SCANNER", name) for name in env_scanners(environ)]
+    given += [("--scanner", name) for name in scanner_names]
+    if given:
         scanners = raw.get("scanners")
         if scanners is None:
             scanners = {}
         if not isinstance(scanners, dict):
             raise ConfigError("scanners", "must be a mapping of scanner name -> settings")
-        for name in names:
-            scanners.setdefault(name, None)
+        for source, name in given:
+            if scanner_name(name) != name:
+                respellings.append(Respelling(source, name, scanner_name(name)))
+            scanners.setdefault(scanner_name(name), None)
         raw["scanners"] = scanners
     try:
-        return Settings.model_validate(raw)
+        settings = Settings.model_validate(raw)
     except ValidationError as exc:
         raise config_error(exc, model=Settings, sources=sources) from None
+    settings._respellings = tuple(respellings)
+    return settings
+
+
+def _file_sections(sections: dict[Any, Any], respellings: list[Respelling]) -> dict[Any, Any]:
+    """The file's scanner sections under each name's one spelling; a key in the other is
+    noted, and two keys naming one scanner are refused (which one would win is a guess)."""
+    named: dict[Any, Any] = {}
+    written: dict[str, str] = {}  # name -> the key the file wrote it as
+    for key, section in sections.items():
+        if not isinstance(key, str):
+            named[key] = section  # refused by the model, naming it
+            continue
+        name = scanner_name(key)
+        if name in written:
+            raise ConfigError(
+                f"scanners.{key}",
+                f"names the same scanner as scanners.{written[name]}; keep one section, "
+                f"scanners.{name}",
+            )
+        if name != key:
+            respellings.append(Respelling(f"scanners.{key}", key, name))
+        written[name] = key
+        named[name] = section
+    return named

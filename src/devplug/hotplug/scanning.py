@@ -62,6 +62,8 @@ class ScanResult:
     # Scanners that failed this time (raised, or their source could not be read): their
     # previous devices, if any, were kept; the scan loop retries soon.
     failed: tuple[str, ...] = ()
+    # scanner name -> why it failed ("RuntimeError: ..."), for ``devplug scan`` to say
+    failure_reasons: Mapping[str, str] = field(default_factory=dict)
 
 
 @runtime_checkable
@@ -181,7 +183,7 @@ class ScanRunner:
         merged = DeviceTree()
         owners: dict[str, Scanner] = {}
         conflicts: dict[str, tuple[str, ...]] = {}
-        failed: list[str] = []
+        failed: dict[str, str] = {}
         full = incremental = 0
         gone = RemovedPaths(events or ())
         for index, scanner in enumerate(self.scanners):
@@ -208,8 +210,7 @@ class ScanRunner:
                     # The host cannot be served as configured (a list too big for the kubelet,
                     # say): refuse at start-up, as for any configuration error.
                     raise
-                failed.append(scanner.name)
-                self._failed(scanner, exc, kept_previous=index in self._last)
+                failed[scanner.name] = self._failed(scanner, exc, kept_previous=index in self._last)
                 tree = self._last.get(index, DeviceTree())
                 self._failures[index] = self._failures.get(index, 0) + 1
                 if self._failures[index] >= UNKNOWN_AFTER_FAILURES:
@@ -264,11 +265,13 @@ class ScanRunner:
             extras,
             held,
             failed=tuple(failed),
+            failure_reasons=failed,
             conflicts=conflicts,
         )
 
-    def _failed(self, scanner: Scanner, exc: Exception, *, kept_previous: bool) -> None:
-        """Log a scanner's failure when it starts or changes (every retry would flood)."""
+    def _failed(self, scanner: Scanner, exc: Exception, *, kept_previous: bool) -> str:
+        """Log a scanner's failure when it starts or changes (every retry would flood); return
+        the reason."""
         problem = f"{type(exc).__name__}: {error_reason(exc)}"
         self._problems.report(
             log,
@@ -280,6 +283,7 @@ class ScanRunner:
             retry="soon, with back-off",
             exc_info=exc,
         )
+        return problem
 
     def _report_devices(self, source: UdevSource, *, full_scan: bool) -> None:
         """Warn once about each device skipped (or read in part); after a full scan, say which
