@@ -2,10 +2,11 @@
 
 systemd passes ``NOTIFY_SOCKET`` (a unix datagram socket; ``@`` means the abstract namespace)
 and, with ``WatchdogSec=``, ``WATCHDOG_USEC`` (and ``WATCHDOG_PID``). Each message is one
-datagram of ``KEY=VALUE`` lines. devplug sends ``READY=1`` once the resources of its first
-scan are registered with the kubelet, ``STATUS=`` lines while it starts and stops,
-``WATCHDOG=1`` at half the watchdog period from the event loop (so a stuck loop gets the
-service restarted), and ``STOPPING=1`` when it shuts down. Outside systemd all of this is a no-op.
+datagram of ``KEY=VALUE`` lines. devplug sends ``READY=1`` once its first scan is done and
+it serves, whether or not a kubelet is there (the daemon's ``_announce_ready``), ``STATUS=``
+lines that follow registration ("waiting for the kubelet", "all registered"), ``WATCHDOG=1``
+at half the watchdog period from the event loop (so a stuck loop gets the service
+restarted), and ``STOPPING=1`` when it shuts down. Outside systemd all of this is a no-op.
 """
 
 from __future__ import annotations
