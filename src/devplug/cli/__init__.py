@@ -65,26 +65,16 @@ def main(
     """
     own = argv is None
     argv = early.hoist(sys.argv[1:] if argv is None else argv)
-    if own and early.command(argv) == "run":
-        from devplug.plugin import guard_signals, pause_gc, resume_gc
-
-        guard_signals()  # first: until now a SIGHUP's default action kills the process
-        pause_gc()  # while the daemon's modules import (resumed before it scans)
-        try:
-            return _interruptible(argv, scanners, program, version, description)
-        finally:
-            resume_gc()  # if the daemon never ran (a refused config, say)
-    return _interruptible(argv, scanners, program, version, description)
-
-
-def _interruptible(
-    argv: list[str],
-    scanners: Mapping[str, ScannerFactory] | None,
-    program: str,
-    version: str | None,
-    description: str | None,
-) -> int:
     try:
+        if own and early.command(argv) == "run":
+            from devplug.plugin import guard_signals, pause_gc, resume_gc
+
+            guard_signals()  # first: until now a SIGHUP's default action kills the process
+            pause_gc()  # while the daemon's modules import (resumed before it scans)
+            try:
+                return _main(argv, scanners, program, version, description)
+            finally:
+                resume_gc()  # if the daemon never ran (a refused config, say)
         return _main(argv, scanners, program, version, description)
     except KeyboardInterrupt:
         # The shell shows the ^C; a traceback of where the command happened to be is noise.
