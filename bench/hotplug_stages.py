@@ -1,7 +1,9 @@
 """Where a hotplug event's time goes, stage by stage, at 1,000 and 10,000 devices present.
 
-The same samples as bench/hotplug.py (a mock Intel GPU added, then removed: the PCI function,
-card and render minor uevents), sent to a ``devplug run`` started through bench.traced_daemon,
+Samples like bench/hotplug.py's (a mock Intel GPU added, then removed), but each sent in one
+burst (the PCI function, card and render minor uevents; on removal, children first, after the
+files went) rather than in the kernel's order, so that each is one batch whose stages can be
+told apart. They go to a ``devplug run`` started through bench.traced_daemon,
 which records when each stage of the path started and ended (bench-only wrappers; nothing in
 ``src/`` is changed). Each sample's records are matched to it by time (one clock for every
 process: ``time.perf_counter``), giving per stage p50 / p99 / max:

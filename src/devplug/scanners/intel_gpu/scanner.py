@@ -328,6 +328,7 @@ class IntelGpuScanner:
             )
         return preferred_gpu_shares(policy, available, must_include, size, devices)
 
+
 def _without_removed_minors(function: GpuFunction, removed: RemovedPaths) -> GpuFunction:
     """``function`` without the drm minors a ``remove`` event named (sysfs may list them a
     moment longer), and without the by-path links of a kind none of its minors has left."""
