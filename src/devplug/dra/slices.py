@@ -108,7 +108,8 @@ def build_pool(
             if not info.healthy:
                 continue
             if problem is not None:
-                omitted.append(Omission(resource, device_id, problem, RESOURCE))
+                why = f"the resource name cannot be its {RESOURCE!r} attribute: {problem}"
+                omitted.append(Omission(resource, device_id, why))
                 continue
             name = device_name(device_id)
             built = device_attributes(resource, device_id, info, driver)
