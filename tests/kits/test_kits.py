@@ -1,4 +1,5 @@
-"""The small asyncio kits: back-off, problem log, block-scoped tasks, awaiting a value."""
+"""The small asyncio kits: back-off, problem log, repeat log, block-scoped tasks, awaiting a
+value."""
 
 from __future__ import annotations
 
@@ -9,8 +10,10 @@ import structlog
 
 from devplug._kits.backoff import Backoff
 from devplug._kits.problems import ProblemLog
+from devplug._kits.repeats import RepeatLog
 from devplug._kits.tasks import running
 from devplug._kits.values import LatestValue
+from devplug.testing import eventually
 
 log = structlog.get_logger("test")
 
@@ -72,3 +75,46 @@ async def test_wait_for_returns_the_first_value_that_satisfies_and_times_out() -
     assert await waiting == 3
     with pytest.raises(TimeoutError):
         await value.wait_for(lambda v: v > 100, timeout=0.05)
+
+
+async def test_a_repeated_event_is_logged_once_then_counted_per_interval() -> None:
+    repeats = RepeatLog(log, interval_s=0.05)
+    with structlog.testing.capture_logs() as logs:
+        assert repeats.admit("x.refused", reason="first")  # the caller logs it in full
+        assert not any(repeats.admit("x.refused", reason=f"r{n}") for n in range(5))
+        assert repeats.admit("y.failed", level="error")  # each event its own episode
+        assert logs == []
+        await eventually(lambda: logs, what="the interval's summary line")
+        # One line for the interval: how many more, and the last one's fields.
+        assert logs == [
+            {
+                "event": "x.refused",
+                "log_level": "warning",
+                "reason": "r4",
+                "repeated": 5,
+                "interval_s": 0.05,
+            }
+        ]
+        # Still an episode: the next one is counted, not news.
+        assert not repeats.admit("x.refused", level="error", reason="r5")
+        repeats.flush()  # at stop: what is owed is written, nothing lost
+        assert logs[-1] == {
+            "event": "x.refused",
+            "log_level": "error",
+            "reason": "r5",
+            "repeated": 1,
+            "interval_s": 0.05,
+        }
+        assert len(logs) == 2
+        assert repeats.admit("x.refused")  # a new episode after the flush
+
+
+async def test_a_quiet_interval_ends_the_episode() -> None:
+    repeats = RepeatLog(log, interval_s=0.02)
+    with structlog.testing.capture_logs() as logs:
+        assert repeats.admit("x.refused")
+        await asyncio.sleep(0.1)  # an interval without any: nothing to say
+        assert logs == []
+        assert repeats.admit("x.refused")  # news again
+        repeats.flush()
+    assert logs == []
