@@ -20,8 +20,9 @@ Nothing raises: a request that cannot be met gets the best partial answer, since
 GetPreferredAllocation fails the pod's admission and the kubelet fills or refuses by itself.
 
 Cost: one ``key`` call and one sort over the offered ids, a few lookups per id, and a heap over
-units for ``balanced``. Pure and synchronous: a hook answering for thousands of ids should run
-it in ``asyncio.to_thread`` (the Intel GPU scanner does above 2,000).
+units for ``balanced``. Pure and synchronous: a hook calls it as it is. The daemon decides where
+the work runs: a request offering more than 2,000 ids in all containers together reaches a
+plain-function hook in a worker thread (:mod:`devplug.kubelet.preferring`).
 """
 
 from __future__ import annotations

@@ -20,18 +20,23 @@ from typing import Any
 
 import grpc
 import pytest
+import structlog
 
 from devplug._proto import deviceplugin_v1beta1_pb2 as pb
 from devplug._proto import deviceplugin_v1beta1_pb2_grpc as pb_grpc
+from devplug.config import HotplugSettings
 from devplug.daemon import Daemon
 from devplug.kubelet.allocation import default_preferred
 from devplug.kubelet.answers import MAX_CACHED_ANSWER_BYTES
 from devplug.kubelet.server import socket_path_for
 from devplug.kubelet.servicer import MAX_STREAMS, DevicePluginServicer
 from devplug.model import DeviceInfo, DeviceNode
+from devplug.scanners.generic import GenericScanner
 from devplug.testing import KubeletSimulator, StaticScanner, daemon_settings, running_daemon
+from devplug.testing.umockdev import UmockdevHost, add_usb_serial
 
 RESOURCE = "example.com/dev"
+SERIAL = "example.com/serial"
 WAIT_S = 30.0
 
 
@@ -229,7 +234,7 @@ async def test_a_huge_preferred_allocation_is_worked_out_off_the_event_loop(
         ran_on_loop.append(threading.current_thread() is threading.main_thread())
         return policy(available, must_include, size, devices)
 
-    monkeypatch.setattr("devplug.kubelet.servicer.default_preferred", recording)
+    monkeypatch.setattr("devplug.kubelet.preferring.default_preferred", recording)
     scanner = StaticScanner({RESOURCE: devices(count)})
     async with serving(kubelet, kubelet_dir, scanner) as (_, stub):
         ids = [f"dev{i}" for i in range(count)]
@@ -240,11 +245,133 @@ async def test_a_huge_preferred_allocation_is_worked_out_off_the_event_loop(
         answer = await stub.GetPreferredAllocation(preferred_request(ids[:8], 2))
         assert list(answer.container_responses[0].deviceIDs) == ids[:2]
         assert ran_on_loop == [False, True]
-        # Far more ids offered than advertised: the unknown ones are dropped up front.
+        # Far more ids offered than advertised: the unknown ones are dropped before the policy
+        # sees them (in the worker too: dropping them costs a lookup per offered id).
         offered = [f"ghost-{i}" for i in range(count * 3)] + ids[:3]
         answer = await stub.GetPreferredAllocation(preferred_request(offered, 2))
         assert list(answer.container_responses[0].deviceIDs) == ids[:2]
-        assert ran_on_loop == [False, True, True]
+        assert ran_on_loop == [False, True, False]
+
+
+async def test_a_flood_of_refused_allocates_is_logged_with_a_count_and_counted_in_full(
+    kubelet: KubeletSimulator,
+    kubelet_dir: Path,
+    scaled: Callable[[int, int], int],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Issue 25: every refused Allocate was logged as a warning of its own, 20,000 lines
+    (5.3 MB) in 20 s from one client. Now the first is logged in full at once, the rest are
+    counted and summed up in one line per interval (tests/kits has the interval's timer;
+    here an interval no test outlives, so the one summary comes at stop, which flushes what
+    is owed); the metrics count every one."""
+    monkeypatch.setattr("devplug.kubelet.servicer.REFUSAL_LOG_INTERVAL_S", 3600.0)
+    calls = scaled(300, 20_000)
+    scanner = StaticScanner({RESOURCE: devices(2)})
+    bogus = pb.AllocateRequest(container_requests=[pb.ContainerAllocateRequest(devices_ids=["x"])])
+    with structlog.testing.capture_logs() as logs:
+        async with serving(kubelet, kubelet_dir, scanner) as (daemon, stub):
+            for _ in range(calls):
+                with pytest.raises(grpc.aio.AioRpcError) as refused:
+                    await stub.Allocate(bogus)
+                assert refused.value.code() == grpc.StatusCode.NOT_FOUND
+            counted = daemon.metrics.allocations.labels(RESOURCE, "not_found").value
+    lines = [e for e in logs if e["event"] == "allocate.refused"]
+    assert len(lines) == 2, f"{len(lines)} lines for {calls} refusals"
+    first, summary = lines
+    assert "repeated" not in first and "unknown device ids: 'x'" in first["reason"]
+    assert first["log_level"] == summary["log_level"] == "warning"
+    assert summary["repeated"] == calls - 1 and summary["reason"] == first["reason"]
+    assert summary["resource"] == RESOURCE
+    assert counted == calls  # nothing lost from the metrics
+
+
+class HeldPreferred(StaticScanner):
+    """A resource of ``count`` devices whose preferred-allocation hook (a plain function)
+    records where it runs; its first call off the event loop waits until the test lets it go,
+    which holds the request in the middle of being answered."""
+
+    name = "held"
+
+    def __init__(self, count: int) -> None:
+        super().__init__({RESOURCE: devices(count)})
+        self.on_loop: list[bool] = []
+        self.entered = threading.Event()
+        self.release = threading.Event()
+
+    def preferred_allocation(
+        self,
+        resource: str,
+        available: Sequence[str],
+        must_include: Sequence[str],
+        size: int,
+        devices: Any,
+    ) -> list[str]:
+        on_loop = threading.current_thread() is threading.main_thread()
+        self.on_loop.append(on_loop)
+        if not on_loop and not self.entered.is_set():
+            self.entered.set()
+            self.release.wait(WAIT_S)
+        return list(available)[:size]
+
+
+async def test_a_preferred_request_split_over_containers_leaves_the_loop_to_hotplug(
+    host: UmockdevHost,
+    kubelet: KubeletSimulator,
+    kubelet_dir: Path,
+    scaled: Callable[[int, int], int],
+) -> None:
+    """Issue 25: the off-loop bound counted ids per container, so 190 containers of 2,000 ids
+    each were answered on the event loop, one after the other (4.8 s), and a hotplug waited
+    for them. The bound now counts the whole request. Here a request of containers of 1,000
+    ids each (each below the bound) is held in the middle of its answer by the hook, in its
+    worker thread, while a USB serial adapter is plugged in: the kubelet gets the new list
+    before the request's answer, and every container was answered off the loop. (On the loop,
+    the hook would never be held: the answer would come first, and the adapter after it.)"""
+    containers = scaled(8, 190)
+    per_container = 1000
+    scanner = HeldPreferred(per_container)
+    serial = GenericScanner.from_config(
+        [{"resource": SERIAL, "match": {"subsystem": "tty", "devnode": "/dev/ttyUSB*"}}]
+    )
+    hotplug = HotplugSettings(source="kernel", coalesce_ms=2, resync_s=3600, poll_s=3600)
+    settings = daemon_settings(kubelet_dir, hotplug=hotplug)
+    add_usb_serial(host, index=0)
+    async with running_daemon(settings, [scanner, serial]):
+        serials = await kubelet.wait_for_plugin(SERIAL, timeout=WAIT_S)
+        await serials.wait_for_update(lambda listed: set(listed) == {"ttyUSB0"})
+        session = await kubelet.wait_for_plugin(RESOURCE, timeout=WAIT_S)
+        await session.wait_for_update(lambda listed: len(listed) == per_container)
+        ids = [f"dev{i}" for i in range(per_container)]
+        request = pb.PreferredAllocationRequest(
+            container_requests=[
+                pb.ContainerPreferredAllocationRequest(available_deviceIDs=ids, allocation_size=2)
+                for _ in range(containers)
+            ]
+        )
+        path = socket_path_for(kubelet_dir, RESOURCE)
+        async with grpc.aio.insecure_channel(f"unix://{path}") as channel:
+            answering = asyncio.ensure_future(
+                pb_grpc.DevicePluginStub(channel).GetPreferredAllocation(request)
+            )
+            held = asyncio.create_task(asyncio.to_thread(scanner.entered.wait, WAIT_S))
+            try:
+                await asyncio.wait({answering, held}, return_when=asyncio.FIRST_COMPLETED)
+                assert not answering.done(), "answered at one go, on the event loop"
+                assert await held
+                # A device plugged in while the request is being answered, with its uevents.
+                before = set(host.devices)
+                add_usb_serial(host, index=1)
+                for added in [p for p in host.devices if p not in before]:  # parents first
+                    await host.emit_async("add", added)
+                await serials.wait_for_update(lambda listed: "ttyUSB1" in listed, timeout=WAIT_S)
+                assert not answering.done()  # the hotplug got through first
+            finally:
+                scanner.release.set()
+                scanner.entered.set()  # the waiter goes too, whatever happened
+                await held
+            answer = await answering
+    assert [list(c.deviceIDs) for c in answer.container_responses] == [ids[:2]] * containers
+    assert scanner.on_loop == [False] * containers
 
 
 def preferred_request(available: Sequence[str], size: int) -> pb.PreferredAllocationRequest:

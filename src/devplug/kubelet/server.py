@@ -43,6 +43,7 @@ from devplug.kubelet.registration import (
 )
 from devplug.kubelet.seams import AnswerExtension, NoServingEvents, ServingEvents
 from devplug.kubelet.servicer import DevicePluginServicer
+from devplug.kubelet.waiting import KubeletWait
 from devplug.model import DeviceInfo, MapEdit
 from devplug.naming import MAX_UNIX_SOCKET_PATH, short_socket_file_name, socket_file_name
 
@@ -70,6 +71,10 @@ class ServerTiming:
     hook_timeout_s: float = 60.0
     start_retry_initial_s: float = 1.0
     start_retry_max_s: float = 60.0
+    # While no kubelet is there, ``kubelet.waiting`` is said again after this long, then at
+    # doubling intervals up to the maximum: a log read hours later still shows the wait.
+    waiting_reminder_initial_s: float = 60.0
+    waiting_reminder_max_s: float = 900.0
 
 
 DEFAULT_TIMING = ServerTiming()
@@ -169,7 +174,9 @@ class ResourceServer:
         backoff = Backoff(self.timing.backoff_initial_s, self.timing.backoff_max_s)
         retry_at = 0.0
         failed_for: FileIdentity | None = None
-        waiting_logged = False
+        waiting = KubeletWait(
+            self.timing.waiting_reminder_initial_s, self.timing.waiting_reminder_max_s
+        )
         listen_problem = ProblemLog()
         try:
             while True:
@@ -185,16 +192,16 @@ class ResourceServer:
                         self._log.info("kubelet.restart.detected", reason="kubelet.sock replaced")
                         self._count_restart()
                         self._set_unregistered()
-                if self._kubelet is None and self.kubelet_dir.is_dir():
-                    # (A missing dir is logged once by the watcher, which wakes us when it is back.)
+                if self._kubelet is None:
                     if kubelet is None:
-                        if not waiting_logged:
-                            self._log.info("kubelet.waiting", dir=str(self.kubelet_dir))
-                            waiting_logged = True
+                        # (A missing dir is logged once by the watcher, which wakes us when it
+                        # is back; the reminders cover both.)
+                        reason = "no kubelet.sock" if self.kubelet_dir.is_dir() else "dir missing"
+                        wait = min(wait, waiting.note(self._log, reason, str(self.kubelet_dir)))
                     elif kubelet == failed_for and time.monotonic() < retry_at:
                         wait = min(wait, retry_at - time.monotonic())
                     else:
-                        waiting_logged = False
+                        waiting.over()
                         try:
                             await self._ensure_fresh_listener()
                         except (OSError, RuntimeError, SocketInUseError) as exc:
@@ -210,7 +217,8 @@ class ResourceServer:
                             await self._wait(version, delay)
                             continue
                         listen_problem.solved()
-                        if await self._register(kubelet):
+                        if await self._register(kubelet, waiting.waited_s):
+                            waiting.said()
                             backoff.reset()
                             failed_for = None
                             continue
@@ -314,7 +322,9 @@ class ResourceServer:
             await writer.wait_closed()
         raise SocketInUseError(f"another process is serving on {self.socket_path}")
 
-    async def _register(self, kubelet: FileIdentity) -> bool:
+    async def _register(self, kubelet: FileIdentity, waited_s: float | None) -> bool:
+        """Register with the kubelet at ``kubelet``; ``waited_s``: how long this server had
+        waited for it to appear (None: it did not), said once registration is complete."""
         self._log.info("kubelet.register.started")
         self._offered = True
         started = time.perf_counter()
@@ -335,8 +345,11 @@ class ResourceServer:
         self.registrations += 1
         self.registered.set()
         self.events.registered(self.resource, ok=True)
+        waited = {} if waited_s is None else {"waited_s": round(waited_s, 1)}
         self._log.info(
-            "kubelet.register.complete", ms=round((time.perf_counter() - started) * 1000, 1)
+            "kubelet.register.complete",
+            ms=round((time.perf_counter() - started) * 1000, 1),
+            **waited,
         )
         return True
 
@@ -361,6 +374,7 @@ class ResourceServer:
             await self._stop_grpc()
         finally:
             self.servicer.answer_log.flush()  # after the last Allocate gRPC serves
+            self.servicer.refusal_log.flush()  # the count of refusals not logged yet
         if own is not None and FileIdentity.of(self.socket_path) == own:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(self.socket_path)

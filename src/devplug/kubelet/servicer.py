@@ -10,9 +10,10 @@ resource advertises (or a request of more than 1,024 containers) is refused befo
 is built for it; the default-answer cache is bounded in bytes; at most ``MAX_STREAMS``
 ListAndWatch streams are open at once (the kubelet opens one); a stream that does not read
 holds only the message in flight and gets the latest list when it reads again.
-GetPreferredAllocation never fails a pod over a bogus request: offered ids the resource does
-not advertise are dropped when there are more of them than it advertises, and a large default
-answer is worked out off the event loop, one at a time.
+GetPreferredAllocation never fails a pod over a bogus request (see
+:mod:`devplug.kubelet.preferring`, which also decides when its work leaves the event loop).
+Refusals and failures are counted one by one in the metrics and logged at a bounded rate: the
+first in full, then one line per ``REFUSAL_LOG_INTERVAL_S`` with how many more came.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import inspect
+import sys
 from collections.abc import AsyncIterator, Awaitable, Sequence
 from typing import Any, NoReturn, TypeVar
 
@@ -27,17 +29,14 @@ import grpc
 import structlog
 
 from devplug._kits.problems import ProblemLog
+from devplug._kits.repeats import RepeatLog
 from devplug._kits.values import LatestValue
 from devplug._proto import deviceplugin_v1beta1_pb2 as pb
 from devplug.errors import AllocationError
-from devplug.kubelet.allocation import (
-    check_request,
-    check_size,
-    default_allocation,
-    default_preferred,
-)
+from devplug.kubelet.allocation import check_request, check_size, default_allocation
 from devplug.kubelet.answer_log import AnswerLog
 from devplug.kubelet.answers import Answer, AnswerCache, loggable
+from devplug.kubelet.preferring import PreferredAnswers
 from devplug.kubelet.seams import AnswerExtension, NoServingEvents, ServingEvents
 from devplug.kubelet.wire import ListMessageBuilder, allocate_response
 from devplug.model import ContainerAllocation, DeviceMap, MapEdit
@@ -56,9 +55,9 @@ _STATUS = {"not_found": grpc.StatusCode.NOT_FOUND, "invalid": grpc.StatusCode.IN
 # ListAndWatch streams one server keeps open at once: the kubelet opens one per registration;
 # the margin covers a restarting kubelet's old stream and a debugging client.
 MAX_STREAMS = 4
-# Above this many offered ids the default preferred-allocation policy (a sort, then a few
-# lookups per id) runs in a worker thread instead of on the event loop.
-PREFERRED_OFF_LOOP_IDS = 2000
+# Refused or failed calls after the first are logged as one line per this many seconds, with
+# their count (a client repeating a bad request must not fill the node's disk).
+REFUSAL_LOG_INTERVAL_S = 10.0
 
 
 async def _resolve(value: T | Awaitable[T]) -> T:
@@ -97,10 +96,11 @@ class DevicePluginServicer:
         self.events = events if events is not None else NoServingEvents()
         self.devices = devices
         self.answer_cache = AnswerCache()  # default answers, encoded, per request
+        self._log = log.bind(resource=resource)
+        self.preferred = PreferredAnswers(resource, self._log)
         self.bind(hooks)
         self.refused_streams = 0
         self._stream_cap = ProblemLog()
-        self._off_loop = asyncio.Semaphore(1)
         # The ListAndWatch message of the current snapshot, encoded (see ListMessageBuilder),
         # shared by every open stream.
         self._listed: tuple[DeviceMap, bytes] | None = None
@@ -108,8 +108,9 @@ class DevicePluginServicer:
         self.active_streams = 0
         self.idle = asyncio.Event()  # set while no ListAndWatch stream is open
         self.idle.set()
-        self._log = log.bind(resource=resource)
         self.answer_log = AnswerLog(self._log)  # allocate.complete, once the answer is read
+        # <rpc>.refused and <rpc>.failed: the first in full, then counted (see the module).
+        self.refusal_log = RepeatLog(self._log, REFUSAL_LOG_INTERVAL_S)
 
     def bind(self, hooks: object | None) -> None:
         """Serve with ``hooks`` (the resource's scanner) from now on: at start, and when a
@@ -119,7 +120,7 @@ class DevicePluginServicer:
         # Protocol isinstance checks are slow (microseconds each): resolve the hooks once.
         self._allocator = hooks if isinstance(hooks, Allocator) else None
         self._post_allocator = hooks if isinstance(hooks, PostAllocator) else None
-        self._preferred_allocator = hooks if isinstance(hooks, PreferredAllocator) else None
+        self.preferred.hook = hooks if isinstance(hooks, PreferredAllocator) else None
         self._pre_starter = hooks if isinstance(hooks, ContainerPreStarter) else None
         self.answer_cache.invalidate()  # cached default answers were made under the old hooks
 
@@ -256,64 +257,12 @@ class DevicePluginServicer:
             pb.PreferredAllocationRequest, pb.PreferredAllocationResponse
         ],
     ) -> pb.PreferredAllocationResponse:
-        devices = self.devices.value
-        responses = []
-        for container in request.container_requests:
-            available = advertised_only(container.available_deviceIDs, devices)
-            must_include = advertised_only(container.must_include_deviceIDs, devices)
-            size = container.allocation_size
-            chosen = await self._preferred(available, must_include, size, devices)
-            responses.append(pb.ContainerPreferredAllocationResponse(deviceIDs=chosen))
-        return pb.PreferredAllocationResponse(container_responses=responses)
-
-    async def _preferred(
-        self, available: list[str], must_include: list[str], size: int, devices: DeviceMap
-    ) -> list[str]:
-        if self._preferred_allocator is not None:
-            try:
-                picked = await _resolve(
-                    self._preferred_allocator.preferred_allocation(
-                        self.resource, available, must_include, size, devices
-                    )
-                )
-                if picked is None or isinstance(picked, str):
-                    raise TypeError(f"expected a list of device ids, got {picked!r}")
-                # Kept within what the kubelet offered, must-include first, healthy only.
-                allowed = set(available) | set(must_include)
-                chosen = list(
-                    dict.fromkeys(
-                        [
-                            *must_include,
-                            *(
-                                i
-                                for i in picked
-                                if i in allowed and (i not in devices or devices[i].healthy)
-                            ),
-                        ]
-                    )
-                )
-            except Exception:
-                # An error here would fail pod admission; the default is a safe answer.
-                self._log.exception("preferred.hook_failed")
-            else:
-                if len(chosen) >= size:
-                    return chosen[: max(size, len(set(must_include)))]
-                # A short answer is topped up by the default policy.
-                return await self._default_preferred(available, chosen, size, devices)
-        return await self._default_preferred(available, must_include, size, devices)
-
-    async def _default_preferred(
-        self, available: list[str], must_include: list[str], size: int, devices: DeviceMap
-    ) -> list[str]:
-        """The default policy; a large request in a worker thread, one at a time per server:
-        a flood of them queues here (cancelled at shutdown) instead of occupying every worker
-        thread, so a stopping daemon waits for one computation at most."""
-        if len(available) + len(must_include) <= PREFERRED_OFF_LOOP_IDS:
-            return default_preferred(available, must_include, size, devices)
-        async with self._off_loop:
-            return await asyncio.to_thread(
-                default_preferred, available, must_include, size, devices
-            )
+        answers = await self.preferred.answer(request.container_requests, self.devices.value)
+        return pb.PreferredAllocationResponse(
+            container_responses=[
+                pb.ContainerPreferredAllocationResponse(deviceIDs=chosen) for chosen in answers
+            ]
+        )
 
     async def PreStartContainer(
         self,
@@ -348,15 +297,19 @@ class DevicePluginServicer:
         self, context: grpc.aio.ServicerContext[Any, Any], rpc: str, exc: AllocationError
     ) -> NoReturn:
         self.answer_log.flush()  # earlier answers' lines before this refusal's
-        self._log.warning(f"{rpc}.refused", reason=str(exc))
         self._count(rpc, exc.kind)
+        event, reason = f"{rpc}.refused", str(exc)
+        if self.refusal_log.admit(event, reason=reason):
+            self._log.warning(event, reason=reason)
         await context.abort(_STATUS.get(exc.kind, grpc.StatusCode.INVALID_ARGUMENT), str(exc))
 
     async def _fail(self, context: grpc.aio.ServicerContext[Any, Any], rpc: str) -> NoReturn:
         """Called while handling the exception: its traceback is logged."""
         self.answer_log.flush()
-        self._log.exception(f"{rpc}.failed")
         self._count(rpc, "error")
+        event = f"{rpc}.failed"
+        if self.refusal_log.admit(event, level="error", error=_error_name()):
+            self._log.exception(event)
         await context.abort(grpc.StatusCode.INTERNAL, f"{self.resource}: {rpc} failed")
 
     def _count(self, rpc: str, result: str) -> None:
@@ -364,12 +317,10 @@ class DevicePluginServicer:
             self.events.allocated(self.resource, result)
 
 
-def advertised_only(ids: Sequence[str], devices: DeviceMap) -> list[str]:
-    """``ids`` as a list; only the advertised ones when there are more ids than advertised
-    devices (no real request offers that many: the kubelet offers what it was sent)."""
-    if len(ids) <= len(devices):
-        return list(ids)
-    return [i for i in ids if i in devices]
+def _error_name() -> str:
+    """The exception being handled, in a few words, for a summary line (no traceback)."""
+    exc = sys.exc_info()[1]
+    return "" if exc is None else f"{type(exc).__name__}: {exc}"[:200]
 
 
 def _check_count(answers: Sequence[object], requests: Sequence[object]) -> None:

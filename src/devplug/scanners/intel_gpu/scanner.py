@@ -18,9 +18,8 @@ every scanner: a GPU's shares share one DeviceInfo, so they wait together.
 
 from __future__ import annotations
 
-import asyncio
 import os
-from collections.abc import Awaitable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -55,8 +54,6 @@ log = structlog.get_logger("devplug.scanners.intel_gpu")
 RESOURCE_PREFIX = "gpu.intel.com/"
 # The drm drivers of Intel GPUs: each is a resource, gpu.intel.com/<driver>.
 GPU_DRIVERS = frozenset({"i915", "xe"})
-# Above this many ids, GetPreferredAllocation sorts in a worker thread, off the event loop.
-_INLINE_PREFERRED_IDS = 2000
 
 
 class IntelGpuScanner:
@@ -316,16 +313,14 @@ class IntelGpuScanner:
         must_include: Sequence[str],
         size: int,
         devices: Mapping[str, DeviceInfo],
-    ) -> Sequence[str] | Awaitable[Sequence[str]]:
+    ) -> Sequence[str]:
         if resource == MONITORING_RESOURCE:
             required = list(dict.fromkeys(must_include))
             answer = list(dict.fromkeys([*required, *available]))
             return answer[: max(size, len(required))]
+        # (A request of thousands of ids reaches this in a worker thread: the daemon decides
+        # that for every hook, by the whole request; see devplug.kubelet.preferring.)
         policy = self.settings.allocation_policy
-        if len(available) > _INLINE_PREFERRED_IDS:
-            return asyncio.to_thread(
-                preferred_gpu_shares, policy, available, must_include, size, devices
-            )
         return preferred_gpu_shares(policy, available, must_include, size, devices)
 
 
