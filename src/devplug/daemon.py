@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING
 
 import structlog
 
+from devplug._kits.stopping import StopBudget
 from devplug._kits.tasks import running
 from devplug._kits.values import LatestValue, Watchable
 from devplug.cdi.allocate import CdiNames, CdiOptions
@@ -64,6 +65,10 @@ log = structlog.get_logger("devplug.daemon")
 # scan (its modules and its first render would otherwise delay that list), or this long after
 # the first scan if some resource has none by then (no kubelet yet, say).
 CDI_START_TIMEOUT_S = 1.0
+
+# Of the stop budget, what is kept after the stop hooks for the steps that follow them (the
+# kubelet dir watch, the log line, the worker threads' end): milliseconds, with room to spare.
+STOP_LAST_STEPS_S = 1.0
 
 # Reads the configuration and builds the scanners: (settings, their scanners), or ConfigError
 # naming the bad field. Called at start and again on every SIGHUP.
@@ -113,6 +118,10 @@ class Daemon:
         # Bumped whenever a resource's registration may have changed (STATUS= follows it).
         self._registrations = LatestValue(0)
         self.stop_requested = asyncio.Event()
+        # What a stop may take in all, from the first stop request (stop hooks, CDI clean-up;
+        # devplug.plugin bounds the worker threads after it, and the process, with it too).
+        self.stop_budget = StopBudget(settings.stop_timeout_s)
+        self._stopped = False  # run() has returned after an orderly stop
 
         hotplug = settings.hotplug
         listener = UeventListener(
@@ -148,7 +157,12 @@ class Daemon:
         if cdi.enabled:
             names = CdiNames(CdiOptions(self.cdi_catalog, cdi.annotations, cdi.device_specs))
         self.servers = ResourceServers(
-            settings.kubelet_dir, self.watcher, timing, extension=names, events=_Events(self)
+            settings.kubelet_dir,
+            self.watcher,
+            timing,
+            extension=names,
+            events=_Events(self),
+            stop_hooks_bound=self._stop_hooks_bound,
         )
 
     # ------------------------------------------------------------------ public controls
@@ -187,7 +201,21 @@ class Daemon:
         return self.scan_loop.first_scan_done
 
     def request_stop(self) -> None:
+        """Stop, within the stop budget; asked again while stopping, the budget ends now
+        (the process then ends at once: see devplug.plugin)."""
+        if not self.stop_budget.begin() and not self._stopped:
+            log.warning("daemon.stop.cut_short", reason="asked to stop again while stopping")
         self.stop_requested.set()
+
+    def _stop_hooks_bound(self) -> float:
+        """What the scanners' stop hooks may take at shutdown: the stop budget left, less
+        what comes after them (the CDI clean-up's own bound, the last steps)."""
+        after = STOP_LAST_STEPS_S
+        if self._cdi_sync is not None:
+            from devplug.cdi.sync import CLOSE_TIMEOUT_S
+
+            after += CLOSE_TIMEOUT_S
+        return self.stop_budget.remaining(after)
 
     def request_reload(self) -> None:
         """SIGHUP: read the config again (keeping the running one if it is wrong), rescan."""
@@ -236,6 +264,7 @@ class Daemon:
                 parts.callback(self._stop_cdi)
             parts.callback(self._stopping)
             await self.stop_requested.wait()
+        self._stopped = True
         log.info("daemon.stopped")
 
     async def _run_cdi(self) -> None:
@@ -420,6 +449,8 @@ class Daemon:
         if fixed:
             log.warning("config.reload.needs_restart", settings=fixed, applied=False)
         self.settings = self.settings.reloaded(settings)
+        if not self.stop_budget.begun:
+            self.stop_budget.total_s = self.settings.stop_timeout_s
         hotplug = self.settings.hotplug
         self.scan_loop.reconfigure(
             runner,

@@ -13,6 +13,12 @@ asyncio waits for worker threads after it. The guard's handlers are the only one
 the signals to the event loop's own (``loop.add_signal_handler``) and back used to leave a
 moment with the default action in between (``remove_signal_handler`` resets it), and a second
 SIGTERM right after ``daemon.stopped`` killed the process.
+
+The stop, and the worker threads asyncio would wait for after it, fit the daemon's stop budget
+(``stop_timeout_s``, :mod:`devplug._kits.stopping`); a second stop signal ends the budget at
+once. When the budget is spent the process says what still runs and ends with ``os._exit``:
+a worker thread that never returns (a scanner's hung stop hook) would otherwise keep it alive
+for good, since neither ``asyncio.run`` nor the interpreter's exit returns before its threads.
 """
 
 from __future__ import annotations
@@ -205,10 +211,12 @@ def serve(load: Loader, *, program: str = "devplug") -> int:
     config). The signals are handled from the start: a SIGHUP while ``load`` runs is applied
     once the daemon runs, a stop signal then ends the process without serving.
 
-    Returns the exit status: 0 after an orderly stop (however many stop signals came), 2 for a
+    Returns the exit status: 0 after an orderly stop (worker threads still running when the
+    stop budget is spent, or when another stop signal comes, are left behind), 2 for a
     configuration error (printed to stderr as ``<program>: configuration error: ...``; nothing
     was served), 130 when SIGINT (Ctrl-C) came before the daemon served, 1 if ``load`` raised
-    anything else (its traceback on stderr) or the daemon crashed (logged).
+    anything else (its traceback on stderr), the daemon crashed (logged), or its stop did not
+    finish within the budget or before a second stop signal (``daemon.stop.overdue``).
     """
     # First: a SIGHUP's default action kills, and imports and loading take a while.
     with _guarded() as guard:
@@ -264,6 +272,7 @@ def run_daemon(
     from devplug.logconfig import quiet_grpc_core
 
     quiet_grpc_core()
+    from devplug._kits.stopping import end_overdue, run_within_budget
     from devplug.daemon import Daemon
     from devplug.ops.limits import raise_fd_limit
 
@@ -274,20 +283,33 @@ def run_daemon(
         guard.attach(asyncio.get_running_loop(), daemon)
         raise_fd_limit()  # systemd's soft 1,024 is too few to serve under load
         try:
-            await daemon.run()
+            # The stop, and the worker threads after it, within the stop budget.
+            outcome = await run_within_budget(daemon.run(), daemon.stop_budget)
         finally:
             guard.detach()
+        if outcome.overdue:
+            status = 0 if outcome.error is None else _crashed(outcome.error, program)
+            end_overdue(outcome, daemon.stop_budget, structlog.get_logger("devplug.daemon"), status)
+        if outcome.error is not None:
+            raise outcome.error
 
     try:
         asyncio.run(main(guard))
     except Exception as exc:
-        refused = _config_error_in(exc)
-        if refused is not None:
-            print(f"{program}: configuration error: {refused}", file=sys.stderr)
-            return EXIT_CONFIG
-        structlog.get_logger("devplug.daemon").exception("daemon.crashed")
-        return 1
+        return _crashed(exc, program)
     return 0
+
+
+def _crashed(exc: BaseException, program: str) -> int:
+    """Report what ended the daemon (called while handling it); the exit status for it."""
+    refused = _config_error_in(exc)
+    if refused is not None:
+        print(f"{program}: configuration error: {refused}", file=sys.stderr)
+        return EXIT_CONFIG
+    import structlog
+
+    structlog.get_logger("devplug.daemon").error("daemon.crashed", exc_info=exc)
+    return 1
 
 
 def _config_error_in(exc: BaseException) -> ConfigError | None:

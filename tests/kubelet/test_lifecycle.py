@@ -277,3 +277,70 @@ async def test_a_resource_back_while_its_last_start_still_runs_waits_for_that_th
         scanner.release.set()
         await kubelet.wait_for_plugin(GATED)
         assert scanner.calls >= 2
+
+
+class CancelledStart(StaticScanner):
+    """Its first start raises CancelledError though nobody cancelled it (a coroutine's own
+    inner timeout, a cancelled future it awaited), in the loop or in its worker thread."""
+
+    def __init__(self, threaded: bool) -> None:
+        super().__init__({GATED: {"a": INFO}})
+        self.threaded = threaded
+        self.calls = 0
+
+    def start(self, resource: str) -> Any:
+        if self.threaded:
+            return self._start()
+        return self._start_async()
+
+    def _start(self) -> None:
+        self.calls += 1
+        if self.calls == 1:
+            raise asyncio.CancelledError("the firmware loader's own wait")
+
+    async def _start_async(self) -> None:
+        self._start()
+
+
+@pytest.mark.parametrize("threaded", [False, True], ids=["coroutine", "thread"])
+async def test_a_start_hook_raising_cancelled_error_is_a_failure_logged_and_retried(
+    kubelet: KubeletSimulator, kubelet_dir: Path, threaded: bool
+) -> None:
+    """Issue 25: the CancelledError went through the retry loop and ended the server's task
+    silently: the resource was never served, and nothing said why."""
+    scanner = CancelledStart(threaded)
+    with structlog.testing.capture_logs() as logs:
+        async with running_daemon(daemon_settings(kubelet_dir), [scanner]):
+            await kubelet.wait_for_plugin(GATED)
+    assert scanner.calls == 2
+    (failed,) = [e for e in logs if e["event"] == "lifecycle.start.failed"]
+    assert (failed["resource"], failed["log_level"], failed["attempt"]) == (GATED, "warning", 1)
+    assert failed["reason"].startswith("CancelledError")
+    assert "the firmware loader's own wait" in failed["reason"]
+
+
+class SlowStop(StaticScanner):
+    """A stop hook that never returns by itself (a coroutine: the timeout cancels it)."""
+
+    def __init__(self) -> None:
+        super().__init__({GATED: {"a": INFO}})
+
+    async def stop(self, resource: str) -> None:
+        await asyncio.Event().wait()
+
+
+async def test_a_hung_stop_hook_at_shutdown_gets_what_is_left_of_the_stop_budget(
+    kubelet: KubeletSimulator, kubelet_dir: Path
+) -> None:
+    """Issue 25: a hung stop hook held the shutdown for the whole hook timeout (60 s, twice a
+    pod's grace period). At shutdown it now gets the stop budget's rest, when that is less."""
+    timing = replace(FAST_TIMING, hook_timeout_s=600.0)
+    settings = daemon_settings(kubelet_dir, stop_timeout_s=2.0)
+    with structlog.testing.capture_logs() as logs:
+        async with asyncio.timeout(60):  # the hook timeout would be 600 s
+            async with running_daemon(settings, [SlowStop()], timing=timing):
+                await kubelet.wait_for_plugin(GATED)
+    (failed,) = [e for e in logs if e["event"] == "lifecycle.stop.failed"]
+    bound = float(failed["reason"].split("did not return within ")[1].split(" s")[0])
+    assert 0 < bound <= 2.0, failed["reason"]
+    assert [e["event"] for e in logs][-1] == "daemon.stopped"

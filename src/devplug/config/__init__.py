@@ -218,6 +218,9 @@ class Settings(StrictModel):
     log_format: LogFormat | None = None
     log_level: LogLevel = "info"
     hotplug: HotplugSettings = HotplugSettings()
+    # The longest a stop may take in all, from the stop signal: stop hooks, CDI clean-up,
+    # worker threads. Past it the process exits anyway. Below a pod's 30 s grace period.
+    stop_timeout_s: float = Field(default=20.0, gt=0, le=3600)
     # scanner name (its one spelling: intel_gpu) -> its raw section; validated by
     # devplug.scanners.registry.
     scanners: dict[str, Any] = Field(default_factory=dict)

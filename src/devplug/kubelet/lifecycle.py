@@ -6,12 +6,18 @@ calls :meth:`Lifecycle.start` before the server first listens and :meth:`Lifecyc
 after it stopped. A coroutine hook runs on the loop and is cancelled at the timeout. A plain
 one runs in a worker thread (its job is slow device work), which a timeout cannot stop: the
 attempt is counted as failed, and the next call of either hook waits for that thread first,
-so two calls of a scanner's hooks for one resource never run at once.
+so two calls of a scanner's hooks for one resource never run at once. A hook that raises
+``CancelledError`` while nobody cancelled it has failed like any other (a coroutine's own
+timeout inside, a cancelled future it awaited): it is logged and a start is retried.
+
+At shutdown a stop hook gets what is left of the daemon's stop budget, if that is less than
+the hook timeout (``stop(timeout_s=...)``).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import inspect
 import time
 from collections.abc import Callable
@@ -72,8 +78,9 @@ class Lifecycle:
             self.start_attempts += 1
             began = time.perf_counter()
             try:
-                await self._call(self._starter.start)
-            except Exception as exc:
+                await self._call(self._starter.start, self.timeout_s)
+            except (Exception, asyncio.CancelledError) as exc:
+                _reraise_if_cancelled(exc)
                 delay = self._backoff.next()
                 self._problems.report(
                     self._log,
@@ -95,23 +102,26 @@ class Lifecycle:
             )
             return
 
-    async def stop(self) -> None:
-        """Run the stop hook once if a start returned; log, never raise, a failure."""
+    async def stop(self, timeout_s: float | None = None) -> None:
+        """Run the stop hook once if a start returned; log, never raise, a failure.
+        ``timeout_s``: a shorter bound than the hook timeout (what a stop budget has left)."""
         if not self.started:
             return
         self.started = False
         if self._stopper is None:
             return
+        bound = self.timeout_s if timeout_s is None else min(timeout_s, self.timeout_s)
         try:
-            await self._call(self._stopper.stop)
-        except Exception as exc:
+            await self._call(self._stopper.stop, bound)
+        except (Exception, asyncio.CancelledError) as exc:
+            _reraise_if_cancelled(exc)
             self._log.error("lifecycle.stop.failed", reason=_reason(exc))
         else:
             self._log.info("lifecycle.stop.complete")
 
-    async def _call(self, hook: Callable[[str], object]) -> None:
+    async def _call(self, hook: Callable[[str], object], timeout_s: float) -> None:
         try:
-            async with asyncio.timeout(self.timeout_s):
+            async with asyncio.timeout(timeout_s):
                 if self._thread is not None:
                     # The last plain call timed out and its thread still runs: wait for it
                     # (its outcome was already counted, as a failure).
@@ -120,8 +130,12 @@ class Lifecycle:
                 if inspect.iscoroutinefunction(hook):
                     await hook(self.resource)
                     return
-                thread = self._thread = asyncio.ensure_future(
-                    asyncio.to_thread(hook, self.resource)
+                # The executor's own future (what to_thread awaits), not a task around it: a
+                # task would turn a CancelledError the hook raises into its own cancellation,
+                # and the hook's message with it.
+                context = contextvars.copy_context()
+                thread = self._thread = asyncio.get_running_loop().run_in_executor(
+                    None, context.run, hook, self.resource
                 )
                 try:
                     # Shielded: the timeout must not cancel the future we may wait on later.
@@ -134,8 +148,17 @@ class Lifecycle:
         except TimeoutError:
             still = " (its thread still runs)" if self._thread is not None else ""
             raise HookTimeout(
-                f"{_name(hook)} did not return within {self.timeout_s:g} s{still}"
+                f"{_name(hook)} did not return within {timeout_s:g} s{still}"
             ) from None
+
+
+def _reraise_if_cancelled(exc: BaseException) -> None:
+    """Re-raise ``exc`` if it is this task being cancelled (a stop, a removal); a
+    CancelledError nobody asked for is the hook's own failure."""
+    if isinstance(exc, asyncio.CancelledError):
+        task = asyncio.current_task()
+        if task is not None and task.cancelling():
+            raise exc
 
 
 def _name(hook: Callable[..., object]) -> str:
@@ -145,4 +168,6 @@ def _name(hook: Callable[..., object]) -> str:
 def _reason(exc: BaseException) -> str:
     if isinstance(exc, HookTimeout):
         return str(exc)
+    if isinstance(exc, asyncio.CancelledError):
+        return f"CancelledError (raised by the hook, not a cancellation): {exc}".rstrip(": ")
     return f"{type(exc).__name__}: {error_reason(exc)}"

@@ -8,13 +8,15 @@ a removed one first sends an empty list, then its server stops and its socket go
 scanner's stop hook runs. At the end of ``serving`` every server stops, then every stop hook
 owed runs. A resource whose scanner was replaced (a reload) gets the new scanner's RPC hooks;
 its start and stop stay with the scanner that started it (see :mod:`devplug.kubelet.lifecycle`).
+At shutdown the stop hooks run together, each bounded by the hook timeout or by
+``stop_hooks_bound()`` (the daemon's: what is left of its stop budget), whichever is shorter.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -47,8 +49,11 @@ class ResourceServers:
         *,
         extension: AnswerExtension | None = None,
         events: ServingEvents | None = None,
+        stop_hooks_bound: Callable[[], float] | None = None,
     ) -> None:
         self.kubelet_dir = kubelet_dir
+        # At shutdown: the seconds the stop hooks may take (None: the hook timeout alone).
+        self.stop_hooks_bound = stop_hooks_bound
         self.extension = extension
         self.events = events
         self.watcher = watcher
@@ -66,7 +71,8 @@ class ResourceServers:
     @contextlib.asynccontextmanager
     async def serving(self, task_group: asyncio.TaskGroup) -> AsyncIterator[None]:
         """Servers run as tasks of ``task_group`` during the block; all stop at its end (their
-        sockets are removed), then the stop hooks owed run (each bounded by its timeout)."""
+        sockets are removed), then the stop hooks owed run (each bounded by its timeout and
+        the stop budget)."""
         self._task_group = task_group
         try:
             yield
@@ -76,7 +82,8 @@ class ResourceServers:
             await asyncio.gather(*(_cancel(r.task) for r in running.values()))
             owed = [*self._owed, *(r.lifecycle for r in running.values())]
             self._owed.clear()
-            await asyncio.gather(*(lifecycle.stop() for lifecycle in owed))
+            bound = None if self.stop_hooks_bound is None else self.stop_hooks_bound()
+            await asyncio.gather(*(lifecycle.stop(bound) for lifecycle in owed))
 
     @property
     def servers(self) -> Mapping[str, ResourceServer]:

@@ -102,6 +102,9 @@ class PreferredAllocator(Protocol):
 
     ``available`` and ``must_include`` come from the kubelet. Return the preferred ids; the
     server makes sure ``must_include`` is honoured and the answer stays within ``available``.
+    A request offering more than 2,000 ids in all its containers together is answered off the
+    event loop: a plain function is then called in a worker thread (one request at a time per
+    resource), so it may compute over thousands of ids but must not touch the loop.
     """
 
     def preferred_allocation(
@@ -139,7 +142,8 @@ class ResourceStarter(Protocol):
     An exception, or a run past the daemon's hook timeout (60 s by default), keeps the resource
     unregistered: the failure is logged with its reason and ``start`` is called again with
     back-off (1 s doubling to 60 s) until it returns; the daemon and its other resources go on.
-    Make it idempotent: a retry may follow a half-done attempt.
+    Make it idempotent: a retry may follow a half-done attempt. A ``CancelledError`` it raises
+    while the daemon did not cancel it counts as a failure too.
 
     A coroutine function runs on the event loop and is cancelled at the timeout; a plain
     function runs in a worker thread, which a timeout cannot stop: a retry then waits for it.
@@ -157,7 +161,9 @@ class ResourceStopper(Protocol):
     the daemon shuts down (after its servers stopped). It runs only for resources whose
     ``start`` returned (or that have no ``start``), on the scanner whose ``start`` ran. An
     exception or a timeout is logged; nothing retries it. Threads and timeouts as for
-    :class:`ResourceStarter`.
+    :class:`ResourceStarter`, except at shutdown: the whole stop fits the daemon's
+    ``stop_timeout_s``, and a stop hook gets what is left of it when that is less; a thread
+    still running when it is spent is left behind as the process exits.
     """
 
     def stop(self, resource: str) -> Awaitable[None] | None: ...

@@ -1,0 +1,222 @@
+"""A stop fits a pod's grace period whatever the scanners' stop hooks do (issue 25).
+
+Each probe runs a plugin of its own as a real process (``serve()`` with a scanner whose stop
+hook hangs: a coroutine that never returns, one that even ignores its cancellation, a plain
+function whose worker thread never returns), stops it with SIGTERM and waits for the process
+to end. Before the stop budget, the first held the exit for the 60 s hook timeout, the other
+two kept the process alive for good, and a second SIGTERM changed nothing. The waits here are
+bounds on a process that must end, never measurements: each is well under the 60 s that the
+hook timeout alone would take.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import signal
+import sys
+from pathlib import Path
+from typing import Any
+
+from devplug.testing import KubeletSimulator, eventually
+
+RESOURCE = "example.com/dummy"
+# Well under the 60 s hook timeout: a process still running then did not honour the budget.
+EXIT_WAIT_S = 30.0
+SCRIPT = """
+import asyncio
+import sys
+import threading
+from pathlib import Path
+
+import structlog
+
+from devplug import DeviceInfo, DeviceNode, load_settings, serve
+from devplug.testing.harness import StaticScanner
+
+CONFIG = Path(sys.argv[1])
+
+
+def say(event, **fields):
+    structlog.get_logger("test").info(event, **fields)
+
+
+class HungCoroutine(StaticScanner):
+    async def stop(self, resource):
+        say("test.stop.entered")
+        await asyncio.Event().wait()
+
+
+class IgnoresCancellation(StaticScanner):
+    async def stop(self, resource):
+        say("test.stop.entered")
+        while True:
+            try:
+                await asyncio.sleep(3600)
+            except asyncio.CancelledError:
+                say("test.stop.cancel_ignored")
+
+
+class HungThread(StaticScanner):
+    def stop(self, resource):
+        say("test.stop.entered")
+        threading.Event().wait()
+
+
+def load():
+    settings = load_settings(CONFIG)
+    kind = {"coroutine": HungCoroutine, "stubborn": IgnoresCancellation, "thread": HungThread}
+    scanner = kind[settings.scanners["dummy"]["stop"]]
+    info = DeviceInfo(nodes=(DeviceNode("/dev/null"),))
+    return settings, [scanner({"example.com/dummy": {"dev0": info}})]
+
+
+sys.exit(serve(load, program="dummy-plugin"))
+"""
+
+
+class Plugin:
+    """The plugin process, its log (JSON lines in a file) and its exit."""
+
+    def __init__(self, directory: Path, kubelet_dir: Path, stop: str, budget_s: float) -> None:
+        self.directory = directory
+        self.config = directory / "config.yaml"
+        self.config.write_text(
+            f"kubelet_dir: {kubelet_dir}\n"
+            "log_format: json\n"
+            f"stop_timeout_s: {budget_s}\n"
+            "cdi: {enabled: false}\n"
+            f"scanners:\n  dummy:\n    stop: {stop}\n"
+        )
+        self.log = directory / "plugin.log"
+        self.process: asyncio.subprocess.Process | None = None
+
+    async def __aenter__(self) -> Plugin:
+        script = self.directory / "plugin.py"
+        script.write_text(SCRIPT)
+        with self.log.open("wb") as log:
+            self.process = await asyncio.create_subprocess_exec(
+                sys.executable,
+                str(script),
+                str(self.config),
+                stdout=log,
+                stderr=log,
+                env={k: v for k, v in os.environ.items() if not k.startswith("DEVPLUG_")},
+            )
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self.process is not None
+        if self.process.returncode is None:
+            self.process.kill()
+            await self.process.wait()
+
+    def signal(self, signum: int) -> None:
+        assert self.process is not None
+        self.process.send_signal(signum)
+
+    def entries(self) -> list[dict[str, Any]]:
+        found = []
+        for line in self.log.read_text().splitlines():
+            try:
+                found.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue  # a line being written
+        return found
+
+    def named(self, event: str) -> list[dict[str, Any]]:
+        return [e for e in self.entries() if e.get("event") == event]
+
+    async def logged(self, event: str) -> None:
+        await eventually(lambda: self.named(event), timeout=EXIT_WAIT_S, what=event)
+
+    async def exit_status(self) -> int:
+        """The status of a process that must end within EXIT_WAIT_S."""
+        assert self.process is not None
+        try:
+            return await asyncio.wait_for(self.process.wait(), EXIT_WAIT_S)
+        except TimeoutError:
+            events = [e.get("event") for e in self.entries()]
+            raise AssertionError(
+                f"still running {EXIT_WAIT_S:g} s after the stop: {events}"
+            ) from None
+
+
+async def serving(plugin: Plugin, kubelet: KubeletSimulator) -> None:
+    session = await kubelet.wait_for_plugin(RESOURCE, timeout=60)
+    await session.wait_for_update()
+
+
+def hook_bound(entry: dict[str, Any]) -> float:
+    """The timeout a lifecycle.stop.failed line says the hook had."""
+    found = re.search(r"did not return within ([0-9.]+) s", entry["reason"])
+    assert found, entry["reason"]
+    return float(found.group(1))
+
+
+async def test_a_hung_coroutine_stop_hook_gets_the_stop_budget_not_the_hook_timeout(
+    kubelet: KubeletSimulator, kubelet_dir: Path, short_dir: Path
+) -> None:
+    async with Plugin(short_dir, kubelet_dir, "coroutine", budget_s=3) as plugin:
+        await serving(plugin, kubelet)
+        plugin.signal(signal.SIGTERM)
+        assert await plugin.exit_status() == 0
+    (failed,) = plugin.named("lifecycle.stop.failed")
+    assert 0 < hook_bound(failed) <= 3
+    assert plugin.named("daemon.stopped")
+    assert not plugin.named("daemon.stop.overdue")
+
+
+async def test_a_stop_hook_thread_that_never_returns_does_not_keep_the_process_alive(
+    kubelet: KubeletSimulator, kubelet_dir: Path, short_dir: Path
+) -> None:
+    async with Plugin(short_dir, kubelet_dir, "thread", budget_s=3) as plugin:
+        await serving(plugin, kubelet)
+        plugin.signal(signal.SIGTERM)
+        # The orderly stop is done (the hook timed out, its thread runs on); the process
+        # leaves the thread behind, saying so, with the orderly stop's status.
+        assert await plugin.exit_status() == 0
+    (failed,) = plugin.named("lifecycle.stop.failed")
+    assert "its thread still runs" in failed["reason"] and hook_bound(failed) <= 3
+    (abandoned,) = plugin.named("daemon.threads.abandoned")
+    assert abandoned["threads"] and "stop budget of 3 s" in abandoned["reason"]
+    events = [e["event"] for e in plugin.entries()]
+    assert events.index("daemon.stopped") < events.index("daemon.threads.abandoned")
+    assert sorted(p.name for p in kubelet_dir.iterdir()) == [
+        "kubelet.sock",
+        "kubelet_internal_checkpoint",
+    ]
+
+
+async def test_a_stop_that_overruns_its_budget_ends_the_process_saying_what_still_ran(
+    kubelet: KubeletSimulator, kubelet_dir: Path, short_dir: Path
+) -> None:
+    async with Plugin(short_dir, kubelet_dir, "stubborn", budget_s=3) as plugin:
+        await serving(plugin, kubelet)
+        plugin.signal(signal.SIGTERM)
+        assert await plugin.exit_status() == 1
+    assert plugin.named("test.stop.cancel_ignored")  # its timeout came, and was ignored
+    (overdue,) = plugin.named("daemon.stop.overdue")
+    assert "stop budget of 3 s" in overdue["reason"] and overdue["exit_status"] == 1
+    assert overdue["pending"], "the line names the tasks still stopping"
+    assert overdue["level"] == "error"
+    assert not plugin.named("daemon.stopped")
+
+
+async def test_a_second_sigterm_during_a_stuck_stop_ends_the_process_at_once(
+    kubelet: KubeletSimulator, kubelet_dir: Path, short_dir: Path
+) -> None:
+    # A budget longer than the wait below: only the second signal can end the process in time.
+    async with Plugin(short_dir, kubelet_dir, "coroutine", budget_s=600) as plugin:
+        await serving(plugin, kubelet)
+        plugin.signal(signal.SIGTERM)
+        await plugin.logged("test.stop.entered")
+        plugin.signal(signal.SIGTERM)
+        assert await plugin.exit_status() == 1
+    (cut,) = plugin.named("daemon.stop.cut_short")
+    assert cut["level"] == "warning"
+    (overdue,) = plugin.named("daemon.stop.overdue")
+    assert overdue["reason"] == "asked to stop again"
+    assert not plugin.named("lifecycle.stop.failed")  # the hook's own timeout never came
