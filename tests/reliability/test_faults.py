@@ -211,7 +211,7 @@ class VanishingSource(UdevSource):
         self,
         subsystem: str | None = None,
         properties: Mapping[str, str] | None = None,
-        sys_name: re.Pattern[str] | None = None,
+        sys_name: str | re.Pattern[str] | None = None,
     ) -> Iterator[UdevDevice]:
         for device in super().devices(subsystem, properties, sys_name):
             if self.trap.moment == "listed":

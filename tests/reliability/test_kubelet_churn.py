@@ -1,6 +1,11 @@
 """Kubelet churn: restart after restart, devplug re-registers and sends a fresh list each time,
 and holds no more file descriptors, threads or tasks afterwards than before.
 
+"No more", not "as many": a count may drop between the two readings (a connection of the
+warm-up restart that gRPC closes late, a worker thread that idles out), and a drop is no leak.
+A leak grows with the restarts, so the churn is long enough that one leaked per restart
+shows at once.
+
 CI restarts the kubelet 10 times; DEVPLUG_RELIABILITY_LONG=1 restarts it 100 times.
 """
 
@@ -73,8 +78,9 @@ async def test_a_daemon_process_keeps_its_fds_and_threads_through_kubelet_restar
         threads_after = await settle(lambda: thread_count(process.pid))
         registrations = [r for r in kubelet.registrations if r.resource == RESOURCE and r.accepted]
         assert len(registrations) == restarts + 2  # the first, the warm-up, and one per restart
-    assert (fds_after, threads_after) == (fds_before, threads_before), (
-        f"fds {fds_before} -> {fds_after}, threads {threads_before} -> {threads_after}"
+    assert fds_after <= fds_before and threads_after <= threads_before, (
+        f"fds {fds_before} -> {fds_after}, threads {threads_before} -> {threads_after} "
+        f"over {restarts} kubelet restarts"
     )
 
 
@@ -92,4 +98,4 @@ async def test_an_in_process_daemon_keeps_its_tasks_through_kubelet_restarts(
         tasks_after = await settle(lambda: len(asyncio.all_tasks()))
         server = daemon.servers.servers[RESOURCE]
         assert server.registered.is_set()
-    assert tasks_after == tasks_before
+    assert tasks_after <= tasks_before, f"tasks {tasks_before} -> {tasks_after}"
