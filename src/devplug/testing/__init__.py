@@ -9,6 +9,10 @@
 - :mod:`devplug.testing.umockdev`: mock hardware for real pyudev code (``UmockdevHost`` and
   presets such as ``add_usb_serial``, ``add_intel_gpu``); tests using it run under
   ``umockdev-wrapper``.
+- :mod:`devplug.testing.apiserver`: a stand-in Kubernetes API server for the DRA front
+  (``ApiServer``: ResourceSlice list/watch/create/replace/delete/deletecollection, claims and
+  nodes to read, 409/410/422 as a real one answers, request counts, outages) over real HTTP,
+  with a kubeconfig to point any client at it.
 """
 
 from devplug.testing.harness import (

@@ -38,30 +38,44 @@ from collections import Counter, deque
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, Protocol
+from typing import Any, Literal
 
 from devplug._kits.values import LatestValue, Watchable
 from devplug.dra.validate import validate_resource_slice
+from devplug.testing.apichecks import FieldProblem, SliceValidator, WriteChecks
+from devplug.testing.apirequest import (
+    Route,
+    delete_options,
+    int_param,
+    json_body,
+    list_body,
+    query_bool,
+    route_of,
+    send_json,
+    untyped,
+    verb_of,
+    watch_timeout,
+)
 from devplug.testing.apischema import DEFAULT_SCHEMA_VERSION, structural_schema
-from devplug.testing.apistore import (
+from devplug.testing.apiselect import POOL_NAME_FIELD_LABEL, SLICE_FIELD_LABELS, FieldSelector
+from devplug.testing.apistatus import (
     CLAIMS,
     NODES,
-    SLICE_FIELD_LABELS,
     SLICES,
-    Cause,
-    FieldSelector,
     JsonObject,
     Kind,
     StatusError,
-    Store,
     bad_request,
 )
+from devplug.testing.apistore import Store
 from devplug.testing.apiwatch import WatchOptions, stream_watch
 from devplug.testing.http1 import Request, Responder, serve_connection
 from devplug.testing.waiting import waiting_for
 
 __all__ = [
     "DEFAULT_SCHEMA_VERSION",
+    "POOL_NAME_FIELD_LABEL",
+    "SLICE_FIELD_LABELS",
     "ApiServer",
     "FieldProblem",
     "RequestRecord",
@@ -71,23 +85,6 @@ __all__ = [
 ]
 
 WRITE_VERBS = frozenset({"create", "update", "patch", "delete", "deletecollection"})
-JSON = "application/json"
-
-
-class FieldProblem(Protocol):
-    """What a semantic validator reports: ``devplug.dra.validate.FieldError`` has this shape."""
-
-    @property
-    def field(self) -> str: ...
-
-    @property
-    def reason(self) -> str: ...
-
-    @property
-    def message(self) -> str: ...
-
-
-SliceValidator = Callable[[Any], Sequence[FieldProblem]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,13 +109,6 @@ class TlsFiles:
     ca: Path
 
 
-@dataclass(frozen=True, slots=True)
-class _Route:
-    kind: Kind
-    namespace: str
-    name: str  # "" for the collection
-
-
 class ApiServer:
     """The stand-in. ``async with ApiServer() as api:`` serves on a random port of 127.0.0.1.
 
@@ -128,7 +118,7 @@ class ApiServer:
     - ``slice_validator``: the semantic rules for ResourceSlices (default: devplug's mirror of
       the API server's ``validateResourceSliceSpec``); None: none.
     - ``field_labels``: the fields a ResourceSlice field selector may name (a 1.34 server's by
-      default; add ``apistore.POOL_NAME_FIELD_LABEL`` to play a newer one).
+      default; add ``POOL_NAME_FIELD_LABEL`` to play a newer one).
     - ``history``: watch events kept; a watch from before them gets 410 Expired.
     - ``bookmark_interval``: seconds between BOOKMARKs to watches that allow them.
     - ``max_watch_seconds``: end every watch after this long (a real server ends watches after
@@ -149,15 +139,14 @@ class ApiServer:
     ) -> None:
         self.token = token
         self.schema_version = schema_version
-        self.slice_validator = slice_validator
         self.field_labels = field_labels
         self.tls = tls
         self.bookmark_interval = bookmark_interval
         self.max_watch_seconds = max_watch_seconds
         self.requests: Counter[str] = Counter()
         self.request_log: deque[RequestRecord] = deque(maxlen=10_000)
-        self._store = Store(history=history, validate=self._problems)
         self._schema = structural_schema(schema_version) if schema_version else None
+        self._store = Store(history=history, validate=WriteChecks(self._schema, slice_validator))
         self._activity: LatestValue[int] = LatestValue(0)
         self._bookmarks: LatestValue[int] = LatestValue(0)
         self._server: asyncio.Server | None = None
@@ -365,29 +354,34 @@ class ApiServer:
         self._activity.set(self._activity.value + 1)
 
     async def _handle(self, request: Request, responder: Responder) -> None:
-        route = _route(request.path)
-        verb = _verb(request, route)
+        route = route_of(request.path)
+        verb = verb_of(request, route)
+        if route is not None:
+            self.requests[verb] += 1
         try:
             await self._answer(request, responder, route, verb)
         except StatusError as error:
-            await _send(responder, error.code, error.status())
+            await send_json(responder, error.code, error.status())
+        except (ConnectionError, asyncio.IncompleteReadError):
+            raise
+        except Exception as exc:  # a bug here: a 500, as a real server answers a handler panic
+            failure = StatusError(500, "InternalError", f"stand-in API server bug: {exc!r}")
+            await send_json(responder, 500, failure.status())
         finally:
             if route is not None:
-                self.requests[verb] += 1
-                self.request_log.append(
-                    RequestRecord(
-                        verb,
-                        route.kind.plural,
-                        route.name,
-                        route.namespace,
-                        responder.status,
-                        request.target,
-                    )
+                record = RequestRecord(
+                    verb,
+                    route.kind.plural,
+                    route.name,
+                    route.namespace,
+                    responder.status,
+                    request.target,
                 )
+                self.request_log.append(record)
             self._changed()
 
     async def _answer(
-        self, request: Request, responder: Responder, route: _Route | None, verb: str
+        self, request: Request, responder: Responder, route: Route | None, verb: str
     ) -> None:
         if self._mode == "unavailable":
             raise StatusError(
@@ -413,29 +407,29 @@ class ApiServer:
                 )
         kind, store = route.kind, self._store
         if verb == "get":
-            await _send(responder, 200, store.get(kind, route.namespace, route.name))
+            await send_json(responder, 200, store.get(kind, route.namespace, route.name))
         elif verb == "list":
-            await _send(responder, 200, self._list(request, route))
+            await send_json(responder, 200, self._list(request, route))
         elif verb == "watch":
             await self._watch(request, responder, route)
         elif verb == "create":
-            await _send(responder, 201, store.create(kind, _body(request, kind)))
+            await send_json(responder, 201, store.create(kind, json_body(request, kind)))
         elif verb == "update":
-            await _send(
+            await send_json(
                 responder,
                 200,
-                store.update(kind, route.namespace, route.name, _body(request, kind)),
+                store.update(kind, route.namespace, route.name, json_body(request, kind)),
             )
         elif verb == "delete":
-            preconditions = _delete_options(request).get("preconditions") or {}
-            await _send(
+            preconditions = delete_options(request).get("preconditions") or {}
+            await send_json(
                 responder, 200, store.delete(kind, route.namespace, route.name, preconditions)
             )
         elif verb == "deletecollection":
-            _delete_options(request)
+            delete_options(request)
             deleted = store.delete_collection(kind, self._selector(request, kind))
-            await _send(
-                responder, 200, _list_body(kind, store.rv, [_untyped(obj) for obj in deleted])
+            await send_json(
+                responder, 200, list_body(kind, store.rv, [untyped(obj) for obj in deleted])
             )
         else:
             raise StatusError(
@@ -450,30 +444,30 @@ class ApiServer:
         )
         return FieldSelector.parse(request.param("fieldSelector"), labels, kind)
 
-    def _list(self, request: Request, route: _Route) -> JsonObject:
+    def _list(self, request: Request, route: Route) -> JsonObject:
         selector = self._selector(request, route.kind)
         if route.kind.namespaced:
             selector = FieldSelector(
                 ((("metadata.namespace", "=", route.namespace),) if route.namespace else ())
                 + selector.terms
             )
-        limit = _int_param(request, "limit") or 0
+        limit = int_param(request, "limit") or 0
         rv, items, token, remaining = self._store.page(
             route.kind, selector, limit, request.param("continue")
         )
-        body = _list_body(route.kind, rv, [_untyped(obj) for obj in items])
+        body = list_body(route.kind, rv, [untyped(obj) for obj in items])
         if token:
             body["metadata"]["continue"] = token
         if remaining is not None:
             body["metadata"]["remainingItemCount"] = remaining
         return body
 
-    async def _watch(self, request: Request, responder: Responder, route: _Route) -> None:
+    async def _watch(self, request: Request, responder: Responder, route: Route) -> None:
         options = WatchOptions(
             kind=route.kind,
             selector=self._selector(request, route.kind),
             resource_version=request.param("resourceVersion") or "",
-            timeout=_watch_timeout(_int_param(request, "timeoutSeconds"), self.max_watch_seconds),
+            timeout=watch_timeout(int_param(request, "timeoutSeconds"), self.max_watch_seconds),
             bookmarks=query_bool(request.query.get("allowWatchBookmarks")),
             bookmark_interval=self.bookmark_interval,
         )
@@ -483,26 +477,6 @@ class ApiServer:
             await stream_watch(request, responder, self._store, options, self._bookmarks)
         finally:
             self._open_watches -= 1
-
-    def _problems(self, kind: Kind, new: JsonObject, old: JsonObject | None) -> list[Cause]:
-        if self._schema is not None:
-            structural = self._schema.problems(kind, new)
-            if structural:
-                return structural
-        causes: list[Cause] = []
-        if kind == SLICES and old is not None:
-            causes.extend(_immutable(new, old))
-        if kind == SLICES and self.slice_validator is not None:
-            causes.extend(Cause(p.field, p.reason, p.message) for p in self.slice_validator(new))
-        return causes
-
-
-def query_bool(values: Sequence[str] | None) -> bool:
-    """A boolean query parameter as the API server reads it: false when absent, ``0`` or
-    ``false`` (any case); true for anything else, the empty string included."""
-    if not values:
-        return False
-    return not (values[0] == "0" or values[0].lower() == "false")
 
 
 def allocated_claim(
@@ -533,140 +507,3 @@ def allocated_claim(
         },
         "status": {"allocation": {"devices": {"results": [dict(result) for result in results]}}},
     }
-
-
-# ------------------------------------------------------------------ request helpers
-
-
-def _route(path: str) -> _Route | None:
-    parts = [part for part in path.split("/") if part]
-    if parts[:2] == ["api", "v1"] and len(parts) in (3, 4) and parts[2] == "nodes":
-        return _Route(NODES, "", parts[3] if len(parts) == 4 else "")
-    if parts[:3] != ["apis", "resource.k8s.io", "v1"]:
-        return None
-    rest = parts[3:]
-    if rest[:1] == ["resourceslices"] and len(rest) in (1, 2):
-        return _Route(SLICES, "", rest[1] if len(rest) == 2 else "")
-    if len(rest) in (3, 4) and rest[0] == "namespaces" and rest[2] == "resourceclaims":
-        return _Route(CLAIMS, rest[1], rest[3] if len(rest) == 4 else "")
-    return None
-
-
-def _verb(request: Request, route: _Route | None) -> str:
-    item = route is not None and bool(route.name)
-    method = request.method
-    if method == "GET":
-        if item:
-            return "get"
-        return "watch" if query_bool(request.query.get("watch")) else "list"
-    verbs = {
-        ("POST", False): "create",
-        ("PUT", True): "update",
-        ("PATCH", True): "patch",
-        ("DELETE", True): "delete",
-        ("DELETE", False): "deletecollection",
-    }
-    return verbs.get((method, item), method.lower())
-
-
-def _body(request: Request, kind: Kind) -> JsonObject:
-    content_type = request.headers.get("content-type", JSON).split(";")[0].strip()
-    if content_type != JSON:
-        raise StatusError(
-            415,
-            "UnsupportedMediaType",
-            f"the body of the request was in an unknown format ({content_type}); "
-            "devplug's stand-in takes application/json",
-        )
-    try:
-        body = json.loads(request.body)
-    except ValueError as exc:
-        raise bad_request(f"the request body is not JSON: {exc}") from None
-    if not isinstance(body, dict):
-        raise bad_request("the request body must be a JSON object")
-    api_version, obj_kind = body.get("apiVersion"), body.get("kind")
-    if api_version and api_version != kind.api_version:
-        raise bad_request(
-            f"the API version in the data ({api_version}) does not match the expected API "
-            f"version ({kind.api_version})"
-        )
-    if obj_kind and obj_kind != kind.kind:
-        raise bad_request(
-            f'{obj_kind} in version "{kind.version}" cannot be handled as a {kind.kind}'
-        )
-    return body
-
-
-def _delete_options(request: Request) -> JsonObject:
-    """DeleteOptions come in the body when there is one (handlers/delete.go), else from the
-    query; preconditions only travel in the body."""
-    if not request.body:
-        return {}
-    try:
-        options = json.loads(request.body)
-    except ValueError as exc:
-        raise bad_request(f"the request body is not JSON: {exc}") from None
-    if not isinstance(options, dict):
-        raise bad_request("DeleteOptions must be a JSON object")
-    if options.get("dryRun"):
-        raise bad_request("dryRun is not supported by devplug's stand-in API server")
-    return options
-
-
-def _int_param(request: Request, name: str) -> int | None:
-    text = request.param(name)
-    if text is None or text == "":
-        return None
-    try:
-        return int(text)
-    except ValueError:
-        raise bad_request(f'strconv.ParseInt: parsing "{text}": invalid syntax') from None
-
-
-def _watch_timeout(seconds: int | None, limit: float | None) -> float | None:
-    if seconds is not None and seconds > 0:
-        return float(seconds) if limit is None else min(float(seconds), limit)
-    return limit
-
-
-def _untyped(obj: JsonObject) -> JsonObject:
-    """An item as lists carry it: without kind and apiVersion."""
-    return {key: value for key, value in obj.items() if key not in ("kind", "apiVersion")}
-
-
-def _list_body(kind: Kind, rv: int, items: list[JsonObject]) -> JsonObject:
-    return {
-        "kind": f"{kind.kind}List",
-        "apiVersion": kind.api_version,
-        "metadata": {"resourceVersion": str(rv)},
-        "items": items,
-    }
-
-
-async def _send(responder: Responder, code: int, body: Mapping[str, Any]) -> None:
-    await responder.send(
-        code, json.dumps(body, separators=(",", ":")).encode(), {"Content-Type": JSON}
-    )
-
-
-def _immutable(new: JsonObject, old: JsonObject) -> list[Cause]:
-    """ValidateResourceSliceUpdate: driver, pool name and node name never change."""
-    causes = []
-    for path in (("spec", "driver"), ("spec", "pool", "name"), ("spec", "nodeName")):
-        before, after = _dig(old, path), _dig(new, path)
-        if before != after:
-            shown = json.dumps(after) if after is not None else "null"
-            causes.append(
-                Cause(
-                    ".".join(path),
-                    "FieldValueInvalid",
-                    f"Invalid value: {shown}: field is immutable",
-                )
-            )
-    return causes
-
-
-def _dig(obj: Any, path: tuple[str, ...]) -> Any:
-    for key in path:
-        obj = obj.get(key) if isinstance(obj, Mapping) else None
-    return obj

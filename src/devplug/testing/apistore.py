@@ -1,16 +1,14 @@
-"""What the stand-in API server stores and how a real one treats it: server-set metadata, one
-resourceVersion counter, optimistic concurrency, preconditions, field selectors, the watch
-history, and errors as ``Status`` objects. No I/O here: :mod:`devplug.testing.apiserver` puts
-HTTP in front.
+"""What the stand-in API server stores and how a real one treats writes: server-set metadata,
+one resourceVersion counter, generateName, optimistic concurrency, preconditions, list pages
+and the watch history. No I/O here: :mod:`devplug.testing.apiserver` puts HTTP in front.
 
 Each rule is the real API server's, read in kubernetes/kubernetes (``staging/src/k8s.io/``
 ``apiserver/pkg/registry/generic/registry/store.go``: Create, Update, Delete, DeleteCollection;
 ``apiserver/pkg/registry/rest/create.go`` and ``update.go``: BeforeCreate/BeforeUpdate;
 ``apiserver/pkg/storage/interfaces.go``: Preconditions.Check; ``apiserver/pkg/storage/``
-``names/generate.go``: generateName; ``apimachinery/pkg/api/errors/errors.go``: the Status
-texts; ``pkg/registry/resource/resourceslice/strategy.go``: generation; ``pkg/apis/resource/``
-``v1/conversion.go``: the selectable fields). Objects are JSON dicts; a stored dict is never
-changed in place (an update stores a new one), so lists and events can share them.
+``names/generate.go``: generateName; ``pkg/registry/resource/resourceslice/strategy.go``:
+generation). Objects are JSON dicts; a stored dict is never changed in place (an update stores
+a new one), so lists and events can share them.
 """
 
 from __future__ import annotations
@@ -21,259 +19,34 @@ import json
 import secrets
 import uuid
 from collections import deque
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
 from devplug._kits.values import LatestValue
-
-JsonObject = dict[str, Any]
-
-
-@dataclass(frozen=True, slots=True)
-class Kind:
-    """A REST resource the stand-in serves."""
-
-    group: str
-    version: str
-    kind: str
-    plural: str
-    namespaced: bool
-
-    @property
-    def api_version(self) -> str:
-        return f"{self.group}/{self.version}" if self.group else self.version
-
-    @property
-    def qualified(self) -> str:
-        """How errors name the resource: ``resourceslices.resource.k8s.io``, ``nodes``."""
-        return f"{self.plural}.{self.group}" if self.group else self.plural
-
-
-SLICES = Kind("resource.k8s.io", "v1", "ResourceSlice", "resourceslices", namespaced=False)
-CLAIMS = Kind("resource.k8s.io", "v1", "ResourceClaim", "resourceclaims", namespaced=True)
-NODES = Kind("", "v1", "Node", "nodes", namespaced=False)
-
-# Field selectors a 1.34-1.36 API server takes for ResourceSlices (pkg/apis/resource/v1/
-# conversion.go). spec.pool.name came later (kubernetes/kubernetes#138456, merged 2026); before
-# that the server answers 400 "field label not supported", and clients filter pools themselves.
-SLICE_FIELD_LABELS = frozenset({"metadata.name", "spec.nodeName", "spec.driver"})
-POOL_NAME_FIELD_LABEL = "spec.pool.name"
-
-OPTIMISTIC_LOCK_MESSAGE = (
-    "the object has been modified; please apply your changes to the latest version and try again"
+from devplug.testing.apiselect import FieldSelector, selectable_fields
+from devplug.testing.apistatus import (
+    OPTIMISTIC_LOCK_MESSAGE,
+    Cause,
+    JsonObject,
+    Kind,
+    StatusError,
+    already_exists,
+    bad_request,
+    conflict,
+    expired,
+    invalid,
+    not_found,
+    precondition_failed,
 )
+
 # names.SimpleNameGenerator: 5 characters from utilrand's alphabet (no vowels, no 0/1/3).
 _NAME_ALPHABET = "bcdfghjklmnpqrstvwxz2456789"
 _NAME_SUFFIX = 5
 _NAME_MAX = 63
 _GENERATE_ATTEMPTS = 8  # store.go maxNameGenerationCreateAttempts (RetryGenerateName, GA 1.32)
 _CONTINUATIONS_KEPT = 64
-
-
-# ------------------------------------------------------------------ errors as Status objects
-
-
-class StatusError(Exception):
-    """An answer the API server gives as a ``Status`` (kind Status, status Failure)."""
-
-    def __init__(
-        self, code: int, reason: str, message: str, details: Mapping[str, Any] | None = None
-    ) -> None:
-        super().__init__(message)
-        self.code = code
-        self.reason = reason
-        self.message = message
-        self.details = dict(details or {})
-
-    def status(self) -> JsonObject:
-        body: JsonObject = {
-            "kind": "Status",
-            "apiVersion": "v1",
-            "metadata": {},
-            "status": "Failure",
-            "message": self.message,
-        }
-        if self.reason:  # StatusReasonUnknown is "" and omitted
-            body["reason"] = self.reason
-        if self.details:
-            body["details"] = self.details
-        body["code"] = self.code
-        return body
-
-
-def _details(kind: Kind, name: str, *, use_kind: bool = False) -> JsonObject:
-    details: JsonObject = {"name": name}
-    if kind.group:
-        details["group"] = kind.group
-    details["kind"] = kind.kind if use_kind else kind.plural
-    return details
-
-
-def not_found(kind: Kind, name: str) -> StatusError:
-    return StatusError(
-        404, "NotFound", f'{kind.qualified} "{name}" not found', _details(kind, name)
-    )
-
-
-def already_exists(kind: Kind, name: str) -> StatusError:
-    message = f'{kind.qualified} "{name}" already exists'
-    return StatusError(409, "AlreadyExists", message, _details(kind, name))
-
-
-def conflict(kind: Kind, name: str, why: str) -> StatusError:
-    message = f'Operation cannot be fulfilled on {kind.qualified} "{name}": {why}'
-    return StatusError(409, "Conflict", message, _details(kind, name))
-
-
-def precondition_failed(kind: Kind, name: str, what: str, wanted: str, actual: str) -> StatusError:
-    """storage.Preconditions.Check, as the registry reports it (a Conflict)."""
-    why = f"Precondition failed: {what} in precondition: {wanted}, {what} in object meta: {actual}"
-    return conflict(kind, name, why)
-
-
-def bad_request(message: str) -> StatusError:
-    return StatusError(400, "BadRequest", message)
-
-
-def expired(message: str) -> StatusError:
-    return StatusError(410, "Expired", message)
-
-
-@dataclass(frozen=True, slots=True)
-class Cause:
-    """One ``details.causes`` entry of a 422: ``field`` (``spec.devices[0].name``), ``reason``
-    (``FieldValueInvalid``, ...) and ``message`` (the error body, without the field)."""
-
-    field: str
-    reason: str
-    message: str
-
-
-def invalid(kind: Kind, name: str, causes: Sequence[Cause]) -> StatusError:
-    """errors.NewInvalid: the message aggregates ``field: message`` (in brackets when several)."""
-    texts = [f"{c.field}: {c.message}" if c.field else c.message for c in causes]
-    listed = texts[0] if len(texts) == 1 else "[" + ", ".join(texts) + "]"
-    group_kind = f"{kind.kind}.{kind.group}" if kind.group else kind.kind
-    details = _details(kind, name, use_kind=True)
-    details["causes"] = [
-        {"reason": c.reason, "message": c.message, "field": c.field} for c in causes
-    ]
-    return StatusError(422, "Invalid", f'{group_kind} "{name}" is invalid: {listed}', details)
-
-
-# ------------------------------------------------------------------ field selectors
-
-
-@dataclass(frozen=True, slots=True)
-class FieldSelector:
-    """A parsed ``fieldSelector``: terms ``field=value``, ``field==value``, ``field!=value``
-    joined by ``,`` (AND), backslash escapes as in apimachinery ``fields.ParseSelector``."""
-
-    terms: tuple[tuple[str, str, str], ...] = ()  # (field, "=" or "!=", value)
-
-    @classmethod
-    def parse(cls, text: str | None, allowed: Iterable[str], kind: Kind) -> FieldSelector:
-        if not text:
-            return cls()
-        allowed = frozenset(allowed)
-        terms = []
-        for raw in _split_unescaped(text, ","):
-            if not raw:
-                continue
-            field, op, value = _split_term(raw)
-            if field not in allowed:
-                raise bad_request(
-                    f"field label not supported for {kind.api_version}, Kind={kind.kind}: {field}"
-                )
-            terms.append((field, op, value))
-        return cls(tuple(terms))
-
-    def matches(self, fields: Mapping[str, str]) -> bool:
-        for field, op, value in self.terms:
-            if (fields.get(field, "") == value) != (op == "="):
-                return False
-        return True
-
-    @property
-    def empty(self) -> bool:
-        return not self.terms
-
-
-def _split_unescaped(text: str, separator: str) -> list[str]:
-    parts, current, escaped = [], "", False
-    for char in text:
-        if escaped:
-            current += "\\" + char
-            escaped = False
-        elif char == "\\":
-            escaped = True
-        elif char == separator:
-            parts.append(current)
-            current = ""
-        else:
-            current += char
-    if escaped:
-        current += "\\"
-    parts.append(current)
-    return parts
-
-
-def _split_term(term: str) -> tuple[str, str, str]:
-    for op, meaning in (("!=", "!="), ("==", "="), ("=", "=")):
-        index = _find_unescaped(term, op)
-        if index >= 0:
-            field, value = term[:index], term[index + len(op) :]
-            return field.strip(), meaning, _unescape(value)
-    raise bad_request(f"invalid selector: '{term}'; can't understand '{term}'")
-
-
-def _find_unescaped(text: str, needle: str) -> int:
-    index, escaped = 0, False
-    while index < len(text):
-        if escaped:
-            escaped = False
-        elif text[index] == "\\":
-            escaped = True
-        elif text.startswith(needle, index):
-            return index
-        index += 1
-    return -1
-
-
-def _unescape(value: str) -> str:
-    out, escaped = "", False
-    for char in value:
-        if escaped:
-            if char not in "\\,=":
-                raise bad_request(f"invalid field selector: invalid escape sequence '\\{char}'")
-            out += char
-            escaped = False
-        elif char == "\\":
-            escaped = True
-        else:
-            out += char
-    if escaped:
-        raise bad_request("invalid field selector: unterminated escape sequence")
-    return out
-
-
-def selectable_fields(kind: Kind, obj: Mapping[str, Any]) -> dict[str, str]:
-    """What a field selector can see of ``obj`` (resourceslice strategy toSelectableFields)."""
-    meta = obj.get("metadata") or {}
-    fields = {"metadata.name": str(meta.get("name", ""))}
-    if kind.namespaced:
-        fields["metadata.namespace"] = str(meta.get("namespace", ""))
-    if kind == SLICES:
-        spec = obj.get("spec") or {}
-        fields["spec.nodeName"] = str(spec.get("nodeName") or "")
-        fields["spec.driver"] = str(spec.get("driver") or "")
-        fields[POOL_NAME_FIELD_LABEL] = str((spec.get("pool") or {}).get("name") or "")
-    return fields
-
-
-# ------------------------------------------------------------------ the store
 
 
 @dataclass(frozen=True, slots=True)

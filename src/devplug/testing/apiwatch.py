@@ -21,16 +21,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from devplug._kits.values import LatestValue
-from devplug.testing.apistore import (
-    SLICES,
-    FieldSelector,
-    JsonObject,
-    Kind,
-    StatusError,
-    Store,
-    bad_request,
-    selectable_fields,
-)
+from devplug.testing.apiselect import FieldSelector, selectable_fields
+from devplug.testing.apistatus import SLICES, JsonObject, Kind, StatusError, bad_request
+from devplug.testing.apistore import Store
 from devplug.testing.http1 import Request, Responder
 
 
