@@ -421,6 +421,8 @@ class ApiServer:
                 store.update(kind, route.namespace, route.name, json_body(request, kind)),
             )
         elif verb == "delete":
+            # The deleted object comes back, not a Status: the resourceslices storage sets
+            # ReturnDeletedObject (pkg/registry/resource/resourceslice/storage/storage.go).
             preconditions = delete_options(request).get("preconditions") or {}
             await send_json(
                 responder, 200, store.delete(kind, route.namespace, route.name, preconditions)
