@@ -78,12 +78,7 @@ def json_body(request: Request, kind: Kind) -> JsonObject:
             f"the body of the request was in an unknown format ({content_type}); "
             "devplug's stand-in takes application/json",
         )
-    try:
-        body = json.loads(request.body)
-    except ValueError as exc:
-        raise bad_request(f"the request body is not JSON: {exc}") from None
-    if not isinstance(body, dict):
-        raise bad_request("the request body must be a JSON object")
+    body = _json_object(request, "the request body")
     api_version, obj_kind = body.get("apiVersion"), body.get("kind")
     if api_version and api_version != kind.api_version:
         raise bad_request(
@@ -102,17 +97,22 @@ def delete_options(request: Request) -> JsonObject:
     ``endpoints/handlers/delete.go``); preconditions only travel in the body."""
     if not request.body:
         return {}
-    try:
-        options = json.loads(request.body)
-    except ValueError as exc:
-        raise bad_request(f"the request body is not JSON: {exc}") from None
-    if not isinstance(options, dict):
-        raise bad_request("DeleteOptions must be a JSON object")
+    options = _json_object(request, "DeleteOptions")
     if not isinstance(options.get("preconditions") or {}, dict):
         raise bad_request("DeleteOptions.preconditions must be a JSON object")
     if options.get("dryRun"):
         raise bad_request("dryRun is not supported by devplug's stand-in API server")
     return options
+
+
+def _json_object(request: Request, what: str) -> JsonObject:
+    try:
+        body = json.loads(request.body)
+    except ValueError as exc:
+        raise bad_request(f"{what} is not JSON: {exc}") from None
+    if not isinstance(body, dict):
+        raise bad_request(f"{what} must be a JSON object")
+    return body
 
 
 def int_param(request: Request, name: str) -> int | None:
