@@ -9,5 +9,7 @@ room's own kubelet-plugin modules; the slice builder, names and validator are pu
 - :mod:`.naming`: device ids -> stable DNS labels; pool, driver and slice names.
 - :mod:`.attributes`: what each device says about itself (resource, id, NUMA, PCI, extras).
 - :mod:`.slices`: one pool's ResourceSlice objects, as the JSON the API server takes.
-- :mod:`.validate`: the API server's semantic rules for a ResourceSlice, as field errors.
+- :mod:`.validate`, :mod:`.validate_device`: the API server's semantic rules for a
+  ResourceSlice and for one device, as :mod:`.field_errors` (field, reason, message);
+  :mod:`.formats` holds the name formats (DNS label, C identifier, ...) they share.
 """
