@@ -748,6 +748,25 @@ async def test_a_state_dir_others_may_write_in_is_refused_with_its_reason(
     assert os.listdir(state) == [] and not (tmp_path / NAME).exists()
 
 
+# Opens a FIFO for writing if a reader waits on it, and exits.
+_FIFO_WRITER = """
+import os, sys
+try:
+    os.close(os.open(sys.argv[1], os.O_WRONLY | os.O_NONBLOCK))
+except OSError:
+    pass
+"""
+
+
+def open_writer_elsewhere(fifo: Path) -> None:
+    """Give a reader stuck in open() on ``fifo`` a writer, from another process: under
+    umockdev's preload, an open() stuck in one thread holds up every open() of this process.
+    (No pipes or /dev/null for the child: opening them here would wait too.)"""
+    subprocess.run(
+        [sys.executable, "-c", _FIFO_WRITER, str(fifo)], close_fds=False, check=False, timeout=30
+    )
+
+
 @pytest.mark.parametrize("planted", ["fifo", "symlink"])
 async def test_a_mutex_that_is_not_a_file_is_refused_without_waiting_on_it(
     tmp_path: Path, store_of: StoreFactory, planted: str
@@ -768,8 +787,7 @@ async def test_a_mutex_that_is_not_a_file_is_refused_without_waiting_on_it(
                 await store.write(NAME, RESOURCE, spec())
     finally:
         if planted == "fifo":
-            with contextlib.suppress(OSError):  # a reader blocked in open() gets its writer
-                os.close(os.open(mutex, os.O_WRONLY | os.O_NONBLOCK))
+            open_writer_elsewhere(mutex)  # a reader stuck in open() gets its writer
     kind = "a FIFO" if planted == "fifo" else "a symlink"
     assert str(refused.value.strerror) == (
         f"{mutex} is not a regular file ({kind}): refused; remove it and devplug makes it again"

@@ -691,8 +691,9 @@ async def test_the_daemons_own_specs_are_written_before_the_start_up_clean_up(
     other writers' files cost it a look at their names and first 4 KiB, never a turn at the
     state dir's mutex each."""
     cdi_dir.mkdir()
-    gone = b'{"cdiVersion":"0.3.0","kind":"example.com/gone","devices":[]}'
-    await earlier_run(cdi_dir, "static", {"example.com-gone.json": gone})
+    # Named to sort after the foreign files: once it is gone, the clean-up has been past them.
+    gone = b'{"cdiVersion":"0.3.0","kind":"zz.example/gone","devices":[]}'
+    await earlier_run(cdi_dir, "static", {"zz.example-gone.json": gone})
     foreign = 200
     for index in range(foreign):
         (cdi_dir / f"vendor.example-f{index}.json").write_bytes(b'{"kind":"vendor.example/f"}')
@@ -708,7 +709,14 @@ async def test_the_daemons_own_specs_are_written_before_the_start_up_clean_up(
     with structlog.testing.capture_logs() as logs:
         async with running_daemon(settings(kubelet_dir, cdi_dir), [scanner]):
             await started(kubelet)
-            await eventually(lambda: not (cdi_dir / "example.com-gone.json").exists())
+            await eventually(
+                lambda: (
+                    {("cdi.spec.written", None), ("cdi.spec.removed", "stale")}
+                    <= {(e["event"], e.get("reason")) for e in logs}
+                ),
+                timeout=10,
+            )
+    assert not (cdi_dir / "zz.example-gone.json").exists()
     events = [(e["event"], e.get("reason")) for e in logs]
     written = events.index(("cdi.spec.written", None))
     removed = events.index(("cdi.spec.removed", "stale"))
