@@ -1,6 +1,11 @@
 """Command line: ``devplug run | scan | cdi generate | status | version``, and the same command
 line for a plugin author's own entry point (:func:`serve`).
 
+May use every room below it: the composition (:mod:`devplug.plugin`), the fronts its commands
+run (``scan``, ``cdi generate``, ``status``), the scanners, config, the model and the kits.
+grpc and protobuf only in the status client (:mod:`.status`), which asks the kubelet-facing
+sockets what is registered.
+
 Exit status: 0 success, 2 bad usage or configuration (nothing was served), 130 interrupted
 (Ctrl-C), 1 anything else. Flags may come before the command (:mod:`devplug.cli.early`).
 

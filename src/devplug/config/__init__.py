@@ -5,6 +5,9 @@ Everything is validated before anything is served; a problem becomes a
 (:mod:`.messages`). The file is read by :mod:`.files`, addresses are checked by
 :mod:`.address`. Scanner sections are kept raw here and validated by each scanner
 (``devplug.scanners.registry``), so this package does not depend on the scanners.
+
+May use: errors, naming, pydantic and YAML. Never the scanners, the fronts or the composition:
+they all read settings from here.
 """
 
 from __future__ import annotations

@@ -1,5 +1,9 @@
 """Test tools for devplug and for plugin authors.
 
+May use every room, as a test does (it runs the real daemon); grpc and protobuf only in the
+kubelet stand-ins (:mod:`.simulator`, :mod:`.kubelet_dra`). The daemon's own code never imports
+it: the layers contract puts it at the top, beside the command line.
+
 - :class:`KubeletSimulator`: a kubelet stand-in over real unix sockets (Registration with the
   kubelet's checks, dial-back, ListAndWatch recording, Allocate/GetPreferredAllocation/
   PreStartContainer helpers, ``restart()``).

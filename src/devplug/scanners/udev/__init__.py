@@ -6,6 +6,8 @@
 
 Scanners see only these views: reads of a gone device return None, nothing read is trusted as
 a path until checked, and a device whose text is not UTF-8 is skipped with its reason noted.
+
+May use: pyudev, the model and errors. Everything else reads devices through these views.
 """
 
 from __future__ import annotations

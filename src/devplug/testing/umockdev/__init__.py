@@ -1,4 +1,5 @@
 """Hand-built umockdev testbeds: real pyudev code against mock hardware, in-process.
+It imports nothing of devplug (only the standard library), so any scanner's tests can use it.
 
 The testbed is a directory laid out like the one ``umockdev-run`` creates (``sys/``,
 ``dev/``, ``dev/.node/``), written directly with file operations: no GObject, no
