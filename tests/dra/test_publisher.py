@@ -1,0 +1,519 @@
+"""devplug.dra.publisher: this node's pool as ResourceSlices, kept published through hotplug,
+conflicts, wipes and outages, against the stand-in API server with the real lightkube client.
+
+No test times anything: each waits for a state of the stand-in (``wait_for``) and counts its
+requests. Where a test lets time pass (an outage, an idle spell), it only bounds requests
+from above, which a slower machine makes easier to meet, not harder.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections import Counter
+from collections.abc import AsyncIterator, Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import pytest
+from dra_schemas import VERSIONS, schema_errors
+from structlog.testing import capture_logs
+
+from devplug._kits.values import LatestValue
+from devplug.dra.apiclient import JsonObject, KubeApi, LightkubeApi, load_api_client
+from devplug.dra.field_errors import FieldError, invalid
+from devplug.dra.naming import device_name, slice_name
+from devplug.dra.publisher import PublishTiming, SlicePublisher
+from devplug.dra.validate import validate_resource_slice
+from devplug.model import DeviceInfo, DeviceTree, Health
+from devplug.testing.apiserver import ApiServer
+
+NODE, DRIVER = "node1", "gpu.devplug.example.com"
+GPU, OTHER = "gpu.devplug.example.com/gpu", "gpu.devplug.example.com/other"
+FAST = PublishTiming(settle_s=0.05, retry_initial_s=0.05, retry_max_s=0.4)
+
+Trees = LatestValue[DeviceTree | None]
+
+
+def address(n: int) -> str:
+    return f"0000:{n // 256 + 1:02x}:{n % 256 // 8:02x}.{n % 8}"
+
+
+def gpus(numbers: range | list[int], **unhealthy: Health) -> dict[str, DeviceInfo]:
+    return {
+        address(n): DeviceInfo(
+            numa_nodes=(n % 2,),
+            sources=(f"/sys/devices/pci0000:00/0000:00:01.0/{address(n)}",),
+            health=unhealthy.get(f"n{n}", Health.HEALTHY),
+        )
+        for n in numbers
+    }
+
+
+def tree(numbers: range | list[int], **extra: Any) -> DeviceTree:
+    return DeviceTree({GPU: gpus(numbers, **extra)})
+
+
+def names(numbers: range | list[int]) -> set[str]:
+    return {device_name(address(n)) for n in numbers}
+
+
+# ------------------------------------------------------------------ what the stand-in holds
+
+
+def pool_slices(api: ApiServer) -> dict[str, JsonObject]:
+    return api.slices(f"spec.driver={DRIVER},spec.nodeName={NODE}")
+
+
+def published_devices(api: ApiServer) -> set[str]:
+    return {d["name"] for s in pool_slices(api).values() for d in s["spec"].get("devices", [])}
+
+
+def generations(api: ApiServer) -> set[int]:
+    return {s["spec"]["pool"]["generation"] for s in pool_slices(api).values()}
+
+
+def complete_with(expected: set[str]) -> Callable[[ApiServer], bool]:
+    """The pool is whole (all slices at one generation, as many as each says) and publishes
+    exactly ``expected``."""
+
+    def check(api: ApiServer) -> bool:
+        slices = pool_slices(api).values()
+        pools = {
+            (s["spec"]["pool"]["generation"], s["spec"]["pool"]["resourceSliceCount"])
+            for s in slices
+        }
+        if len(pools) != 1:
+            return False
+        ((_, count),) = pools
+        return count == len(slices) and published_devices(api) == expected
+
+    return check
+
+
+def verbs(api: ApiServer, since: int = 0) -> Counter[tuple[str, int]]:
+    """(verb, code) of the requests seen after the first ``since``."""
+    return Counter((r.verb, r.code) for r in list(api.request_log)[since:])
+
+
+# ------------------------------------------------------------------ fixtures
+
+
+@pytest.fixture
+async def api() -> AsyncIterator[ApiServer]:
+    async with ApiServer() as server:
+        server.put_node(NODE)
+        yield server
+
+
+@pytest.fixture
+async def client(api: ApiServer, tmp_path: Path) -> AsyncIterator[LightkubeApi]:
+    client = load_api_client({"KUBECONFIG": str(api.write_kubeconfig(tmp_path / "kubeconfig"))})
+    yield client
+    await client.aclose()
+
+
+@contextlib.asynccontextmanager
+async def publishing(kube: KubeApi, trees: Trees, **options: Any) -> AsyncIterator[SlicePublisher]:
+    options.setdefault("timing", FAST)
+    publisher = SlicePublisher(
+        kube, trees, node_name=NODE, driver=DRIVER, resources={GPU}, **options
+    )
+    task = asyncio.create_task(publisher.run(), name="publisher-under-test")
+    try:
+        yield publisher
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
+# ------------------------------------------------------------------ first publish
+
+
+async def test_first_publish_is_a_whole_valid_pool_owned_by_the_node(
+    api: ApiServer, client: LightkubeApi
+) -> None:
+    trees: Trees = LatestValue(tree(range(200)))
+    async with publishing(client, trees) as publisher:
+        await api.wait_for(complete_with(names(range(200))), what="the pool published")
+        slices = pool_slices(api)
+        assert sorted(slices) == [slice_name(NODE, DRIVER, 0), slice_name(NODE, DRIVER, 1)]
+        node_uid = api.put_node(NODE)["metadata"]["uid"]
+        for obj in slices.values():
+            assert obj["spec"]["pool"] == {"name": NODE, "generation": 1, "resourceSliceCount": 2}
+            assert obj["spec"]["nodeName"] == NODE and obj["spec"]["driver"] == DRIVER
+            assert obj["metadata"]["ownerReferences"] == [
+                {
+                    "apiVersion": "v1",
+                    "kind": "Node",
+                    "name": NODE,
+                    "uid": node_uid,
+                    "controller": True,
+                }
+            ]
+            assert validate_resource_slice(obj) == []
+            for version in VERSIONS:
+                assert schema_errors(obj, version) == []
+        pool = await publisher.published.wait_for(lambda p: p is not None, timeout=5)
+        assert pool is not None and set(pool.devices) == names(range(200))
+        assert pool.generation == 1
+        assert publisher.stats.devices == 200 and publisher.stats.slices == 2
+
+
+async def test_an_empty_tree_is_published_as_an_empty_pool(
+    api: ApiServer, client: LightkubeApi
+) -> None:
+    trees: Trees = LatestValue(DeviceTree({OTHER: gpus(range(3))}))  # nothing of GPU
+    async with publishing(client, trees):
+        await api.wait_for(complete_with(set()), what="one empty slice")
+        assert len(pool_slices(api)) == 1
+
+
+async def test_nothing_is_published_before_the_first_tree(
+    api: ApiServer, client: LightkubeApi
+) -> None:
+    trees: Trees = LatestValue(None)
+    async with publishing(client, trees):
+        await api.wait_for(lambda a: a.open_watches == 1, what="the publisher watching")
+        assert api.writes == 0 and pool_slices(api) == {}
+        trees.set(tree(range(2)))
+        await api.wait_for(complete_with(names(range(2))), what="the pool published")
+
+
+async def test_it_follows_an_async_iterator_of_trees(api: ApiServer, client: LightkubeApi) -> None:
+    go_on = asyncio.Event()
+
+    async def scans() -> AsyncIterator[DeviceTree]:
+        yield tree(range(2))
+        await go_on.wait()
+        yield tree(range(3))
+        await asyncio.get_running_loop().create_future()
+
+    publisher = SlicePublisher(client, scans(), node_name=NODE, driver=DRIVER, timing=FAST)
+    task = asyncio.create_task(publisher.run())
+    try:
+        await api.wait_for(complete_with(names(range(2))), what="the first tree")
+        go_on.set()
+        await api.wait_for(complete_with(names(range(3))), what="the second tree")
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
+async def test_the_node_uid_is_waited_for(client: LightkubeApi, tmp_path: Path) -> None:
+    async with ApiServer() as api:
+        kube = load_api_client({"KUBECONFIG": str(api.write_kubeconfig(tmp_path / "k2"))})
+        try:
+            async with publishing(kube, LatestValue(tree(range(2)))):
+                await api.wait_for(lambda a: a.requests["get"] >= 2, what="node reads retried")
+                assert api.writes == 0  # no slice without its owner
+                uid = api.put_node(NODE)["metadata"]["uid"]
+                await api.wait_for(complete_with(names(range(2))), what="published once known")
+                (obj,) = pool_slices(api).values()
+                assert obj["metadata"]["ownerReferences"][0]["uid"] == uid
+        finally:
+            await kube.aclose()
+
+
+# ------------------------------------------------------------------ hotplug
+
+
+async def test_a_hotplug_burst_bumps_the_generation_once(
+    api: ApiServer, client: LightkubeApi
+) -> None:
+    trees: Trees = LatestValue(tree(range(10)))
+    # A long settle: the burst below is over well within it, however slow the machine.
+    timing = PublishTiming(settle_s=1.0, retry_initial_s=0.05, retry_max_s=0.4)
+    async with publishing(client, trees, timing=timing):
+        await api.wait_for(complete_with(names(range(10))), what="first publish")
+        writes = api.writes
+        for numbers in ([*range(10), 10], [*range(10), 10, 11], [*range(1, 10), 10, 11]):
+            trees.set(tree(numbers))
+            await asyncio.sleep(0)  # each change reaches the publisher on its own
+        expected = names([*range(1, 10), 10, 11])
+        await api.wait_for(complete_with(expected), what="the burst published")
+        assert generations(api) == {2}
+        assert api.writes == writes + 1  # one PUT of the one slice
+
+
+async def test_the_slice_count_follows_the_device_count(
+    api: ApiServer, client: LightkubeApi
+) -> None:
+    trees: Trees = LatestValue(tree(range(128)))
+    async with publishing(client, trees):
+        await api.wait_for(complete_with(names(range(128))), what="one full slice")
+        assert len(pool_slices(api)) == 1
+
+        trees.set(tree(range(129)))
+        await api.wait_for(complete_with(names(range(129))), what="a second slice")
+        assert len(pool_slices(api)) == 2 and generations(api) == {2}
+
+        since = len(api.request_log)
+        trees.set(tree(range(1, 129)))
+        await api.wait_for(complete_with(names(range(1, 129))), what="back to one slice")
+        assert list(pool_slices(api)) == [slice_name(NODE, DRIVER, 0)] and generations(api) == {3}
+        assert verbs(api, since)[("delete", 200)] == 1  # the obsolete slice, with preconditions
+
+
+async def test_an_unhealthy_device_leaves_the_pool(api: ApiServer, client: LightkubeApi) -> None:
+    trees: Trees = LatestValue(tree(range(4)))
+    async with publishing(client, trees) as publisher:
+        await api.wait_for(complete_with(names(range(4))), what="first publish")
+        trees.set(tree(range(4), n2=Health.UNHEALTHY))
+        await api.wait_for(complete_with(names([0, 1, 3])), what="the sick device gone")
+        assert generations(api) == {2}
+        await publisher.published.wait_for(lambda p: p is not None and p.generation == 2, 5)
+        pool = publisher.pool()
+        assert pool is not None and device_name(address(2)) not in pool.devices
+        trees.set(tree(range(4)))
+        await api.wait_for(complete_with(names(range(4))), what="back when healthy")
+        assert generations(api) == {3}
+
+
+async def test_a_storm_publishes_during_the_storm_and_with_few_writes(
+    api: ApiServer, client: LightkubeApi
+) -> None:
+    trees: Trees = LatestValue(tree(range(10)))
+    timing = PublishTiming(settle_s=0.5, retry_initial_s=0.05, retry_max_s=0.4)
+    async with publishing(client, trees, timing=timing):
+        await api.wait_for(complete_with(names(range(10))), what="first publish")
+        writes = api.writes
+        changes = 0
+        enough = asyncio.Event()
+
+        async def storm() -> None:
+            nonlocal changes
+            while True:
+                changes += 1
+                trees.set(tree(range(10 + changes % 2)))
+                if changes >= 60:
+                    enough.set()
+                await asyncio.sleep(0.02)
+
+        storming = asyncio.create_task(storm())
+        try:
+            # Bounded settling: a storm that never stops still gets published.
+            await api.wait_for(lambda a: a.writes > writes, timeout=10, what="a write mid-storm")
+            await enough.wait()
+        finally:
+            storming.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await storming
+        final = names(range(10 + changes % 2))
+        await api.wait_for(complete_with(final), what="the storm's last tree")
+        assert api.writes - writes <= changes // 3, (api.writes - writes, changes)
+
+
+# ------------------------------------------------------------------ the API server's side
+
+
+class ChangedBehindItsBack:
+    """The real client, but someone else edits the slice just before the publisher's first
+    PUT reaches the API server (so its resourceVersion is stale: 409)."""
+
+    def __init__(self, inner: LightkubeApi, other: LightkubeApi) -> None:
+        self.inner, self.other, self.done = inner, other, False
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    async def replace_slice(self, obj: Mapping[str, Any]) -> JsonObject:
+        if not self.done:
+            self.done = True
+            (stored,) = (await self.other.list_slices(DRIVER, NODE)).items
+            spec = stored["spec"]
+            edited = {**stored, "spec": {**spec, "devices": spec["devices"][:1]}}
+            await self.other.replace_slice(edited)
+        return await self.inner.replace_slice(obj)
+
+
+async def test_a_conflict_is_read_again_and_converges(
+    api: ApiServer, client: LightkubeApi, tmp_path: Path
+) -> None:
+    other = load_api_client({"KUBECONFIG": str(api.write_kubeconfig(tmp_path / "other"))})
+    kube = ChangedBehindItsBack(client, other)
+    trees: Trees = LatestValue(tree(range(3)))
+    try:
+        async with publishing(kube, trees) as publisher:
+            await api.wait_for(complete_with(names(range(3))), what="first publish")
+            since = len(api.request_log)
+            trees.set(tree(range(4)))
+            await api.wait_for(complete_with(names(range(4))), what="converged after the 409")
+            assert kube.done and verbs(api, since)[("update", 409)] == 1
+            # One bump over whatever generation 1 holds: the refused PUT published nothing.
+            assert generations(api) == {2}
+            assert publisher.stats.failures == 1 and publisher.stats.rejected == 0
+    finally:
+        await other.aclose()
+
+
+async def test_a_wipe_puts_the_slices_back_at_the_same_generation(
+    api: ApiServer, client: LightkubeApi
+) -> None:
+    trees: Trees = LatestValue(tree(range(200)))
+    async with publishing(client, trees):
+        await api.wait_for(complete_with(names(range(200))), what="first publish")
+        trees.set(tree(range(201)))
+        await api.wait_for(complete_with(names(range(201))), what="second generation")
+        assert api.delete_slices(f"spec.nodeName={NODE}") == 2  # the kubelet's start
+        await api.wait_for(complete_with(names(range(201))), what="slices back")
+        assert generations(api) == {2}  # the content did not change
+        assert api.delete_slices(f"spec.nodeName={NODE},spec.driver={DRIVER}") == 2
+        await api.wait_for(complete_with(names(range(201))), what="slices back again")
+
+
+async def test_an_outage_is_waited_out_with_back_off_and_logged_twice(
+    api: ApiServer, client: LightkubeApi
+) -> None:
+    trees: Trees = LatestValue(tree(range(3)))
+    with capture_logs() as logs:
+        async with publishing(client, trees) as publisher:
+            await api.wait_for(complete_with(names(range(3))), what="first publish")
+            before, writes = sum(api.requests.values()), api.writes
+            await api.go_down("unavailable")  # every request answered 503, and counted
+            trees.set(tree(range(5)))
+            await asyncio.sleep(2.0)
+            during = sum(api.requests.values()) - before
+            # Back-off from 0.05 s doubling to 0.4 s: ~8 lists in 2 s (a hot loop: hundreds).
+            assert 1 <= during <= 20, during
+            assert not publisher.stats.api_reachable
+            assert api.writes == writes  # lists retried; no write tried on an outdated view
+            await api.come_back()
+            await api.wait_for(complete_with(names(range(5))), timeout=10, what="converged")
+    events = [entry["event"] for entry in logs]
+    assert events.count("dra.slices.api.unreachable") == 1
+    assert events.count("dra.slices.api.reachable") == 1
+
+
+async def test_an_idle_pool_makes_no_writes(client: LightkubeApi, tmp_path: Path) -> None:
+    # Watches end every 0.2 s and are re-opened, as a real server ends them every 30-60 min.
+    async with ApiServer(max_watch_seconds=0.2) as api:
+        api.put_node(NODE)
+        kube = load_api_client({"KUBECONFIG": str(api.write_kubeconfig(tmp_path / "k2"))})
+        trees: Trees = LatestValue(tree(range(200)))
+        try:
+            async with publishing(kube, trees) as publisher:
+                await api.wait_for(complete_with(names(range(200))), what="first publish")
+                writes, watches = api.writes, api.requests["watch"]
+                trees.set(tree(range(200)))  # an equal tree, a new object
+                trees.set(DeviceTree({GPU: gpus(range(200)), OTHER: gpus(range(2))}))
+                await api.wait_for(lambda a: a.requests["watch"] >= watches + 3, what="rewatch")
+                lists = publisher.mirror.lists
+                api.put_node("node2")  # history moves on (not a slice: no watch event) ...
+                api.compact()  # ... and goes: a watch from before it gets 410
+                await api.wait_for(lambda a: publisher.mirror.lists > lists, what="a new list")
+                await api.wait_for(lambda a: a.requests["watch"] >= watches + 6, what="rewatch")
+                assert api.writes == writes
+                assert publisher.stats.publishes == 1 and publisher.stats.in_sync
+        finally:
+            await kube.aclose()
+
+
+async def test_a_restarted_publisher_finds_its_pool_and_writes_nothing(
+    api: ApiServer, client: LightkubeApi
+) -> None:
+    trees: Trees = LatestValue(tree(range(200)))
+    async with publishing(client, trees):
+        await api.wait_for(complete_with(names(range(200))), what="first publish")
+        trees.set(tree(range(199)))
+        await api.wait_for(complete_with(names(range(199))), what="generation 2")
+    writes = api.writes
+    async with publishing(client, trees) as again:
+        pool = await again.published.wait_for(lambda p: p is not None, timeout=5)
+        assert pool is not None and pool.generation == 2
+        assert api.writes == writes
+        trees.set(tree(range(200)))
+        await api.wait_for(complete_with(names(range(200))), what="a change after restart")
+        assert generations(api) == {3}
+
+
+# ------------------------------------------------------------------ odd devices
+
+
+def refusing(device: str) -> Callable[[Any], list[FieldError]]:
+    """The API server's rules, plus one that refuses the device named ``device`` (a rule the
+    slice builder does not know)."""
+
+    def validate(obj: Any) -> list[FieldError]:
+        errors = validate_resource_slice(obj)
+        for index, entry in enumerate(obj.get("spec", {}).get("devices") or []):
+            if entry.get("name") == device:
+                errors.append(invalid(f"spec.devices[{index}].name", device, "refused here"))
+        return errors
+
+    return validate
+
+
+async def test_a_device_the_validator_refuses_is_left_out_and_the_rest_published(
+    tmp_path: Path,
+) -> None:
+    odd = device_name(address(130))
+    rule = refusing(odd)
+    async with ApiServer(slice_validator=rule) as api:
+        api.put_node(NODE)
+        kube = load_api_client({"KUBECONFIG": str(api.write_kubeconfig(tmp_path / "k"))})
+        try:
+            with capture_logs() as logs:
+                async with publishing(kube, LatestValue(tree(range(200))), validator=rule) as p:
+                    expected = names(range(200)) - {odd}
+                    await api.wait_for(complete_with(expected), what="the others published")
+                    pool = await p.published.wait_for(lambda value: value is not None, 5)
+                    assert pool is not None and odd not in pool.devices
+                    assert p.stats.left_out == 1 and p.stats.rejected == 0
+            refused = [e for e in logs if e["event"] == "dra.slices.device.refused"]
+            assert [(e["device"], e["id"]) for e in refused] == [(odd, address(130))]
+            assert "refused here" in refused[0]["reason"]
+        finally:
+            await kube.aclose()
+
+
+async def test_a_slice_the_api_server_refuses_is_not_retried_and_the_others_go_out(
+    tmp_path: Path,
+) -> None:
+    odd = device_name(address(130))  # in the second slice
+    rule = refusing(odd)
+    async with ApiServer(slice_validator=rule) as api:
+        api.put_node(NODE)
+        kube = load_api_client({"KUBECONFIG": str(api.write_kubeconfig(tmp_path / "k"))})
+        first, second = slice_name(NODE, DRIVER, 0), slice_name(NODE, DRIVER, 1)
+        try:
+            with capture_logs() as logs:
+                async with publishing(kube, LatestValue(tree(range(200)))) as publisher:
+                    await api.wait_for(lambda a: first in pool_slices(a), what="first slice")
+                    await api.wait_for(lambda a: verbs(a)[("create", 422)] == 1, what="a 422")
+                    api.delete_slices(f"spec.nodeName={NODE}")  # a wipe: a reason for a pass
+                    await api.wait_for(lambda a: first in pool_slices(a), what="first is back")
+                    await asyncio.sleep(0.5)  # retries would come every 0.05-0.4 s
+                    assert publisher.stats.rejected == 1
+            # The first slice created twice (before and after the wipe), the second refused
+            # once and never sent again.
+            assert verbs(api)[("create", 201)] == 2 and verbs(api)[("create", 422)] == 1
+            assert second not in pool_slices(api)
+            (rejected,) = [e for e in logs if e["event"] == "dra.slices.rejected"]
+            assert rejected["slice"] == second and rejected["devices"] == [odd]
+        finally:
+            await kube.aclose()
+
+
+# ------------------------------------------------------------------ stopping
+
+
+async def test_stopping_leaves_the_slices_and_no_tasks(
+    api: ApiServer, client: LightkubeApi
+) -> None:
+    trees: Trees = LatestValue(tree(range(3)))
+    publisher = SlicePublisher(client, trees, node_name=NODE, driver=DRIVER, timing=FAST)
+    task = asyncio.create_task(publisher.run(), name="publisher-under-test")
+    await api.wait_for(complete_with(names(range(3))), what="published")
+    since = len(api.request_log)
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+    assert task.cancelled()
+    left = [t.get_name() for t in asyncio.all_tasks() if t.get_name().startswith("dra-slices")]
+    assert left == []
+    await api.wait_for(lambda a: a.open_watches == 0, what="the watch closed")
+    assert complete_with(names(range(3)))(api)
+    assert all(r.verb not in ("delete", "deletecollection") for r in list(api.request_log)[since:])
