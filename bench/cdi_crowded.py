@@ -70,7 +70,9 @@ def crowd(cdi_dir: Path, count: int) -> None:
     state = cdi_dir / STATE_DIR
     state.mkdir(mode=STATE_DIR_MODE, exist_ok=True)
     for index in range(count):
-        (cdi_dir / f"vendor.example-f{index}.json").write_bytes(FOREIGN_SPEC % (index, index, index))
+        (cdi_dir / f"vendor.example-f{index}.json").write_bytes(
+            FOREIGN_SPEC % (index, index, index)
+        )
         junk = uuid.uuid4().hex + ".lock"
         (cdi_dir / junk).write_bytes(b"")
         (state / junk).write_bytes(b"")
