@@ -4,9 +4,10 @@ After each scan the daemon hands the new tree to :class:`CdiSync`, whose task re
 specs of the resources that changed and writes those whose bytes changed (through aiofiles).
 Specs are written when devices are discovered, not inside Allocate; a resource that goes away
 takes its spec with it, and so does an orderly shutdown unless ``keep_on_exit``. What each
-pass came to is kept in a :class:`~devplug.cdi.ledger.SpecLedger`. At start-up, specs this
-instance wrote in an earlier run for resources it no longer has are deleted
-(:mod:`devplug.cdi.leftovers`).
+pass came to is kept in a :class:`~devplug.cdi.ledger.SpecLedger`. At start-up, once the
+first pass has written the current specs, those this instance wrote in an earlier run for
+resources it no longer has are deleted (:mod:`devplug.cdi.leftovers`). A shutdown's
+:meth:`CdiSync.close` takes CLOSE_TIMEOUT_S at most, whatever the CDI dir holds.
 
 CDI work never delays a hotplug event's ListAndWatch message: a pass starts SETTLE_S after the
 tree it follows was handed over, renders on the event loop in slices (a first render of
