@@ -45,11 +45,11 @@ pytestmark = [pytest.mark.image, pytest.mark.timeout(1800)]
 DEVPLUG = Path(sys.executable).with_name("devplug")
 CONFIG = ROOT / "examples" / "dry-run.yaml"
 SITE_PACKAGES = "opt/devplug/lib/python3.11/site-packages"
-# python3 and libudev1 on debian:bookworm-slim (74 MB), devplug and its dependencies in a
-# virtual environment (grpcio alone is about 20 MB): measured at 150 MB, uncompressed.
+# python3 and libudev1 on debian:bookworm-slim (78 MB here), devplug and its dependencies in a
+# virtual environment (grpcio alone is about 20 MB): measured at 173 MB, uncompressed.
 MAX_IMAGE_BYTES = 200_000_000
 # As the DaemonSet runs it: a read-only root, no capabilities, no way to gain any, and the
-# host's /sys and /dev read-only (deploy/kubernetes/base/daemonset.yaml); no network needed.
+# host's /sys, /dev and /run/udev read-only (deploy/kubernetes/base/daemonset.yaml); no network.
 RESTRICTED = (
     "--rm",
     "--network",
@@ -64,6 +64,8 @@ RESTRICTED = (
     "/sys:/sys:ro",
     "--volume",
     "/dev:/dev:ro",
+    # udev's database, where the host has one (the properties matches and ids read).
+    *(("--volume", "/run/udev:/run/udev:ro") if Path("/run/udev").is_dir() else ()),
 )
 
 
