@@ -67,6 +67,9 @@ class PluginEnv:
     pool: Pool | None
     paths: PluginPaths = field(init=False)
     plugin: KubeletPlugin | None = None
+    # Claim name -> an event its reads wait for (a slow API server, for that claim alone).
+    held: dict[str, asyncio.Event] = field(default_factory=dict)
+    reads: list[str] = field(default_factory=list)  # the claims read, by name, in order
     _task: asyncio.Task[None] | None = None
 
     def __post_init__(self) -> None:
@@ -80,11 +83,19 @@ class PluginEnv:
         return ClaimPreparer(
             driver=DRIVER,
             pool_name=NODE,
-            read_claim=self.client.get_claim,
+            read_claim=self.read_claim,
             pool=lambda: self.pool,
             cdi=CatalogCdiIds(self.catalog, self.tree),
             checkpoint=Checkpoint(self.checkpoint_path, DRIVER),
         )
+
+    async def read_claim(self, namespace: str, name: str) -> dict[str, Any]:
+        """The API client's get_claim, held back while ``held[name]`` is not set."""
+        self.reads.append(name)
+        gate = self.held.get(name)
+        if gate is not None:
+            await gate.wait()
+        return await self.client.get_claim(namespace, name)
 
     async def start_plugin(self) -> KubeletPlugin:
         """Start the plugin (as the daemon does) and wait until both sockets are in place."""

@@ -5,6 +5,7 @@ rendered on disk."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import stat
@@ -19,6 +20,7 @@ from devplug.cdi.allocate import CdiOptions, with_cdi
 from devplug.dra.checkpoint import CheckpointError, load_checkpoint
 from devplug.dra.slices import build_pool
 from devplug.model import ContainerAllocation
+from devplug.testing import eventually
 from devplug.testing.kubelet_dra import V1, V1BETA1, ClaimAnswer, ClaimName, method_path
 from devplug.testing.simulator import SimulatorRpcError
 
@@ -187,6 +189,20 @@ async def test_one_device_is_prepared_for_one_claim_at_a_time(short_dir: Path) -
         assert "already prepared for ResourceClaim team-a/second" in both[same_batch.uid].error
 
 
+async def test_two_batches_at_once_never_hand_out_one_device_twice(short_dir: Path) -> None:
+    async with plugin_env(short_dir) as env:
+        await env.kubelet.wait_for_plugin(DRIVER)
+        claims = [env.put_claim(f"c{i}", [NAMES[0]]) for i in range(4)]
+        gate = asyncio.Event()
+        env.held.update({claim.name: gate for claim in claims})
+        calls = [asyncio.create_task(env.kubelet.prepare(DRIVER, [claim])) for claim in claims]
+        await eventually(lambda: len(env.reads) == len(claims), timeout=10)
+        gate.set()  # every batch has its claim at once and races for the device
+        answers = [(await call)[claim.uid] for call, claim in zip(calls, claims, strict=True)]
+        assert sum(not answer.error for answer in answers) == 1
+        assert len(load_checkpoint(env.checkpoint_path, DRIVER)) == 1
+
+
 async def test_admin_access_may_share_a_prepared_device(short_dir: Path) -> None:
     async with plugin_env(short_dir) as env:
         await env.kubelet.wait_for_plugin(DRIVER)
@@ -267,6 +283,28 @@ async def test_a_checkpoint_that_cannot_be_written_fails_the_call_or_the_new_cla
         assert "cannot record the prepared claim" in mixed[new.uid].error
         env.checkpoint_path.rmdir()
         ok((await env.kubelet.prepare(DRIVER, [new]))[new.uid])
+
+
+async def test_a_slow_claim_read_holds_up_no_other_call(short_dir: Path) -> None:
+    """Claims are read before the lock is taken: while one batch waits for the API server,
+    another Prepare and an Unprepare go through."""
+    async with plugin_env(short_dir) as env:
+        await env.kubelet.wait_for_plugin(DRIVER)
+        done = env.put_claim("done", [NAMES[0]])
+        ok((await env.kubelet.prepare(DRIVER, [done]))[done.uid])
+        slow = env.put_claim("slow", [NAMES[1]])
+        quick = env.put_claim("quick", [NAMES[2]])
+        env.held["slow"] = asyncio.Event()
+        waiting = asyncio.create_task(env.kubelet.prepare(DRIVER, [slow]))
+        try:
+            await eventually(lambda: "slow" in env.reads, timeout=10)
+            async with asyncio.timeout(10):  # reading under the lock would never get here
+                assert await env.kubelet.unprepare(DRIVER, [done]) == {done.uid: ""}
+                ok((await env.kubelet.prepare(DRIVER, [quick]))[quick.uid])
+        finally:
+            env.held["slow"].set()
+            answer = await waiting
+        ok(answer[slow.uid])
 
 
 async def test_the_api_server_down_fails_only_claims_that_need_a_read(short_dir: Path) -> None:

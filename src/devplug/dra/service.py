@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Awaitable, Callable, Iterable, Sequence
+from types import ModuleType
 from typing import Any, NoReturn, TypeVar
 
 import grpc
@@ -23,6 +24,7 @@ from devplug._proto import dra_v1_pb2 as v1
 from devplug._proto import dra_v1_pb2_grpc as v1_grpc
 from devplug._proto import dra_v1beta1_pb2 as v1beta1
 from devplug._proto import dra_v1beta1_pb2_grpc as v1beta1_grpc
+from devplug.dra.checkpoint import PreparedDevice
 from devplug.dra.claims import CallFailedError, ClaimPreparer, ClaimRef, Prepared
 
 log = structlog.get_logger("devplug.dra")
@@ -37,28 +39,51 @@ T = TypeVar("T")
 Context = grpc.aio.ServicerContext[Any, Any]
 
 
-class _Calls:
-    """What both versions do around the preparer: claims in, answers out, errors, logs."""
+class DraPluginServicer(v1_grpc.DRAPluginServicer, v1beta1_grpc.DRAPluginServicer):
+    """DRAPlugin of one version (``messages``: its generated message module), answering
+    from ``preparer``. The versions' messages have the same names and fields, but for v1's
+    ``Device.share_id``; so one class serves either (it is both generated servicers)."""
 
-    def __init__(self, preparer: ClaimPreparer, version: str) -> None:
+    def __init__(self, preparer: ClaimPreparer, messages: ModuleType, version: str) -> None:
         self.preparer = preparer
+        self.pb = messages
         self.version = version
+        self.share_ids = "share_id" in messages.Device.DESCRIPTOR.fields_by_name
 
-    async def prepare(
-        self, claims: Iterable[v1.Claim | v1beta1.Claim], context: Context
-    ) -> dict[str, Prepared]:
-        refs, bad = _refs(claims)
+    async def NodePrepareResources(self, request: Any, context: Context) -> Any:
+        refs, bad = _refs(request.claims)
         answers = await self._call("prepare", lambda: self.preparer.prepare(refs), refs, context)
-        return {**answers, **{uid: Prepared(error=why) for uid, why in bad.items()}}
+        answers.update({uid: Prepared(error=why) for uid, why in bad.items()})
+        pb = self.pb
+        return pb.NodePrepareResourcesResponse(
+            claims={
+                uid: pb.NodePrepareResourceResponse(
+                    devices=[self._device(d) for d in answer.devices], error=answer.error
+                )
+                for uid, answer in answers.items()
+            }
+        )
 
-    async def unprepare(
-        self, claims: Iterable[v1.Claim | v1beta1.Claim], context: Context
-    ) -> dict[str, str]:
-        refs, bad = _refs(claims)
+    def _device(self, device: PreparedDevice) -> Any:
+        share = {"share_id": device.share_id} if self.share_ids else {}
+        return self.pb.Device(
+            request_names=device.request_names,
+            pool_name=device.pool_name,
+            device_name=device.device_name,
+            cdi_device_ids=device.cdi_device_ids,
+            **share,
+        )
+
+    async def NodeUnprepareResources(self, request: Any, context: Context) -> Any:
+        refs, bad = _refs(request.claims)
         answers = await self._call(
             "unprepare", lambda: self.preparer.unprepare(refs), refs, context
         )
-        return {**answers, **bad}
+        answers.update(bad)
+        pb = self.pb
+        return pb.NodeUnprepareResourcesResponse(
+            claims={uid: pb.NodeUnprepareResourceResponse(error=e) for uid, e in answers.items()}
+        )
 
     async def _call(
         self,
@@ -90,7 +115,7 @@ async def _abort(context: Context, code: grpc.StatusCode, details: str) -> NoRet
     raise AssertionError("unreachable: abort raises")
 
 
-def _refs(claims: Iterable[v1.Claim | v1beta1.Claim]) -> tuple[list[ClaimRef], dict[str, str]]:
+def _refs(claims: Iterable[Any]) -> tuple[list[ClaimRef], dict[str, str]]:
     """The claims as ClaimRefs, and an error by uid for each that lacks a field the kubelet
     always sets (such a claim is answered, not prepared)."""
     refs: list[ClaimRef] = []
@@ -104,80 +129,9 @@ def _refs(claims: Iterable[v1.Claim | v1beta1.Claim]) -> tuple[list[ClaimRef], d
     return refs, bad
 
 
-class DraPluginV1(v1_grpc.DRAPluginServicer):
-    def __init__(self, preparer: ClaimPreparer) -> None:
-        self.calls = _Calls(preparer, "v1")
-
-    async def NodePrepareResources(
-        self, request: v1.NodePrepareResourcesRequest, context: Context
-    ) -> v1.NodePrepareResourcesResponse:
-        answers = await self.calls.prepare(request.claims, context)
-        return v1.NodePrepareResourcesResponse(
-            claims={
-                uid: v1.NodePrepareResourceResponse(
-                    devices=[
-                        v1.Device(
-                            request_names=d.request_names,
-                            pool_name=d.pool_name,
-                            device_name=d.device_name,
-                            cdi_device_ids=d.cdi_device_ids,
-                            share_id=d.share_id,
-                        )
-                        for d in answer.devices
-                    ],
-                    error=answer.error,
-                )
-                for uid, answer in answers.items()
-            }
-        )
-
-    async def NodeUnprepareResources(
-        self, request: v1.NodeUnprepareResourcesRequest, context: Context
-    ) -> v1.NodeUnprepareResourcesResponse:
-        answers = await self.calls.unprepare(request.claims, context)
-        return v1.NodeUnprepareResourcesResponse(
-            claims={uid: v1.NodeUnprepareResourceResponse(error=e) for uid, e in answers.items()}
-        )
-
-
-class DraPluginV1beta1(v1beta1_grpc.DRAPluginServicer):
-    def __init__(self, preparer: ClaimPreparer) -> None:
-        self.calls = _Calls(preparer, "v1beta1")
-
-    async def NodePrepareResources(
-        self, request: v1beta1.NodePrepareResourcesRequest, context: Context
-    ) -> v1beta1.NodePrepareResourcesResponse:
-        answers = await self.calls.prepare(request.claims, context)
-        return v1beta1.NodePrepareResourcesResponse(
-            claims={
-                uid: v1beta1.NodePrepareResourceResponse(
-                    devices=[
-                        v1beta1.Device(
-                            request_names=d.request_names,
-                            pool_name=d.pool_name,
-                            device_name=d.device_name,
-                            cdi_device_ids=d.cdi_device_ids,
-                        )
-                        for d in answer.devices
-                    ],
-                    error=answer.error,
-                )
-                for uid, answer in answers.items()
-            }
-        )
-
-    async def NodeUnprepareResources(
-        self, request: v1beta1.NodeUnprepareResourcesRequest, context: Context
-    ) -> v1beta1.NodeUnprepareResourcesResponse:
-        answers = await self.calls.unprepare(request.claims, context)
-        return v1beta1.NodeUnprepareResourcesResponse(
-            claims={
-                uid: v1beta1.NodeUnprepareResourceResponse(error=e) for uid, e in answers.items()
-            }
-        )
-
-
 def add_dra_services(preparer: ClaimPreparer, server: grpc.aio.Server) -> None:
     """Serve DRAPlugin v1 and v1beta1 from ``preparer`` on ``server``."""
-    v1_grpc.add_DRAPluginServicer_to_server(DraPluginV1(preparer), server)
-    v1beta1_grpc.add_DRAPluginServicer_to_server(DraPluginV1beta1(preparer), server)
+    v1_grpc.add_DRAPluginServicer_to_server(DraPluginServicer(preparer, v1, "v1"), server)
+    v1beta1_grpc.add_DRAPluginServicer_to_server(
+        DraPluginServicer(preparer, v1beta1, "v1beta1"), server
+    )

@@ -147,16 +147,7 @@ class DraPluginSession:
         self, claims: Iterable[ClaimName], *, version: str | None = None
     ) -> dict[str, ClaimAnswer]:
         """NodePrepareResources over the chosen version (or ``version``); the answer by uid."""
-        service, requested, pb = self._call_for(claims, version)
-        request = pb.NodePrepareResourcesRequest(
-            claims=[pb.Claim(namespace=c.namespace, uid=c.uid, name=c.name) for c in requested]
-        )
-        answer = await self._call(
-            method_path(service, "NodePrepareResources"),
-            request,
-            pb.NodePrepareResourcesResponse,
-        )
-        self._check_keys("NodePrepareResources", requested, answer.claims)
+        service, answer = await self._claims_call("NodePrepareResources", claims, version)
         return {
             uid: ClaimAnswer(
                 tuple(
@@ -178,29 +169,36 @@ class DraPluginSession:
         self, claims: Iterable[ClaimName], *, version: str | None = None
     ) -> dict[str, str]:
         """NodeUnprepareResources; the error ("" for none) by uid."""
-        service, requested, pb = self._call_for(claims, version)
-        request = pb.NodeUnprepareResourcesRequest(
-            claims=[pb.Claim(namespace=c.namespace, uid=c.uid, name=c.name) for c in requested]
-        )
-        answer = await self._call(
-            method_path(service, "NodeUnprepareResources"),
-            request,
-            pb.NodeUnprepareResourcesResponse,
-        )
-        self._check_keys("NodeUnprepareResources", requested, answer.claims)
+        _, answer = await self._claims_call("NodeUnprepareResources", claims, version)
         return {uid: entry.error for uid, entry in answer.claims.items()}
 
-    def _call_for(
-        self, claims: Iterable[ClaimName], version: str | None
-    ) -> tuple[str, list[ClaimName], ModuleType]:
+    async def _claims_call(
+        self, method: str, claims: Iterable[ClaimName], version: str | None
+    ) -> tuple[str, Any]:
+        """Call ``method`` (``Node[Un]prepareResources``) for ``claims``; the service called
+        and its answer, which must cover every claim asked for."""
         service = version or self.service
         if service not in self.registration.supported_versions:
             raise AssertionError(
                 f"{self.driver} did not advertise {service} (it lists "
                 f"{list(self.registration.supported_versions)}): the kubelet would not call it"
             )
+        pb = _MESSAGES[service]
         requested = list({c.uid: c for c in claims}.values())
-        return service, requested, _MESSAGES[service]
+        request = getattr(pb, f"{method}Request")(
+            claims=[pb.Claim(namespace=c.namespace, uid=c.uid, name=c.name) for c in requested]
+        )
+        answer = await self._call(
+            method_path(service, method), request, getattr(pb, f"{method}Response")
+        )
+        missing = [c.uid for c in requested if c.uid not in answer.claims]
+        unasked = sorted(set(answer.claims) - {c.uid for c in requested})
+        if missing or unasked:
+            raise AssertionError(
+                f"{method} skipped {len(missing)} ResourceClaims {missing} and answered "
+                f"unrequested uids {unasked}"
+            )
+        return service, answer
 
     async def _call(self, path: str, request: Any, response_type: Any) -> Any:
         call = self.channel.unary_unary(
@@ -212,18 +210,6 @@ class DraPluginSession:
             return await call(request, timeout=self.call_timeout_s)
         except grpc.aio.AioRpcError as exc:
             raise SimulatorRpcError(exc.code().name, exc.details() or "") from None
-
-    def _check_keys(
-        self, method: str, requested: Sequence[ClaimName], got: Mapping[str, Any]
-    ) -> None:
-        """Every requested claim must be answered (the kubelet asks again for the others)."""
-        missing = [c.uid for c in requested if c.uid not in got]
-        unasked = sorted(set(got) - {c.uid for c in requested})
-        if missing or unasked:
-            raise AssertionError(
-                f"{method} skipped {len(missing)} ResourceClaims {missing} and answered "
-                f"unrequested uids {unasked}"
-            )
 
     async def close(self) -> None:
         await self.channel.close(None)
