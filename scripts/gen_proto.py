@@ -15,8 +15,15 @@ from grpc_tools import protoc
 ROOT = Path(__file__).resolve().parent.parent
 PROTO_DIR = ROOT / "proto"
 OUT_DIR = ROOT / "src" / "devplug" / "_proto"
-# The device plugin API; the DRA plugin API, v1 and v1beta1; the plugin registration API.
-PROTO_NAMES = ("deviceplugin_v1beta1", "dra_v1", "dra_v1beta1", "pluginregistration_v1")
+# The device plugin API; the DRA plugin API, v1 and v1beta1; the plugin registration API;
+# the pod resources API.
+PROTO_NAMES = (
+    "deviceplugin_v1beta1",
+    "dra_v1",
+    "dra_v1beta1",
+    "pluginregistration_v1",
+    "podresources_v1",
+)
 
 
 def generate(out_dir: Path) -> None:

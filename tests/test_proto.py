@@ -14,7 +14,12 @@ from google.protobuf.descriptor import Descriptor, FileDescriptor
 
 from devplug._proto import deviceplugin_v1beta1_pb2 as pb
 from devplug._proto import deviceplugin_v1beta1_pb2_grpc as pb_grpc
-from devplug._proto import dra_v1_pb2, dra_v1beta1_pb2, pluginregistration_v1_pb2
+from devplug._proto import (
+    dra_v1_pb2,
+    dra_v1beta1_pb2,
+    pluginregistration_v1_pb2,
+    podresources_v1_pb2,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 PROTO_DIR = ROOT / "proto"
@@ -23,6 +28,7 @@ STUBS: dict[str, FileDescriptor] = {
     "dra_v1": dra_v1_pb2.DESCRIPTOR,
     "dra_v1beta1": dra_v1beta1_pb2.DESCRIPTOR,
     "pluginregistration_v1": pluginregistration_v1_pb2.DESCRIPTOR,
+    "podresources_v1": podresources_v1_pb2.DESCRIPTOR,
 }
 
 
