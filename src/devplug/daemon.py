@@ -20,7 +20,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import signal
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -50,7 +49,6 @@ from devplug.kubelet.server import DEFAULT_TIMING, ServerTiming
 from devplug.kubelet.servers import ResourceServers
 from devplug.model import DeviceTree
 from devplug.ops.http import StatusEndpoint
-from devplug.ops.limits import raise_fd_limit
 from devplug.ops.metrics import Metrics
 from devplug.ops.systemd import SystemdNotifier
 from devplug.scanners.base import Scanner
@@ -500,27 +498,3 @@ class _Events:
         self._metrics.list_built(resource, size_bytes)
         self._daemon._list_built(resource)
 
-
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT)
-HANDLED_SIGNALS = (*STOP_SIGNALS, signal.SIGHUP)
-
-
-async def run_until_signalled(daemon: Daemon) -> None:
-    """Run the daemon; SIGTERM/SIGINT/SIGQUIT stop it (SIGQUIT as KubeVirt's device plugin
-    manager does), SIGHUP reloads the config and rescans. On return each signal gets back the
-    handler it had before (asyncio alone would reset them to the default, which kills: the
-    guard of :func:`devplug.plugin.serve` must stay through the rest of the shutdown)."""
-    loop = asyncio.get_running_loop()
-    previous = {signum: signal.getsignal(signum) for signum in HANDLED_SIGNALS}
-    for signum in STOP_SIGNALS:
-        loop.add_signal_handler(signum, daemon.request_stop)
-    loop.add_signal_handler(signal.SIGHUP, daemon.request_reload)
-    raise_fd_limit()  # systemd's soft 1,024 is too few to serve under load
-    try:
-        await daemon.run()
-    finally:
-        for signum, handler in previous.items():
-            with contextlib.suppress(ValueError, RuntimeError):
-                loop.remove_signal_handler(signum)
-                if handler is not None:
-                    signal.signal(signum, handler)

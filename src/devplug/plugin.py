@@ -44,7 +44,7 @@ if TYPE_CHECKING:
 
 EXIT_CONFIG = 2  # bad usage or configuration: nothing was served
 EXIT_INTERRUPTED = 130  # Ctrl-C before the daemon served (128 + SIGINT)
-# The same sets as devplug.daemon's, which is imported only when the daemon runs.
+# SIGQUIT stops too, as KubeVirt's device plugin manager does.
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT)
 HANDLED_SIGNALS = (*STOP_SIGNALS, signal.SIGHUP)
 
