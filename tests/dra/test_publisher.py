@@ -176,6 +176,7 @@ async def test_nothing_is_published_before_the_first_tree(
     trees: Trees = LatestValue(None)
     async with publishing(client, trees):
         await api.wait_for(lambda a: a.open_watches == 1, what="the publisher watching")
+        await asyncio.sleep(0.5)  # ten times the settling, for a publish that must not come
         assert api.writes == 0 and pool_slices(api) == {}
         trees.set(tree(range(2)))
         await api.wait_for(complete_with(names(range(2))), what="the pool published")
@@ -225,13 +226,14 @@ async def test_a_hotplug_burst_bumps_the_generation_once(
 ) -> None:
     trees: Trees = LatestValue(tree(range(10)))
     # A long settle: the burst below is over well within it, however slow the machine.
-    timing = PublishTiming(settle_s=1.0, retry_initial_s=0.05, retry_max_s=0.4)
+    timing = PublishTiming(settle_s=2.0, retry_initial_s=0.05, retry_max_s=0.4)
     async with publishing(client, trees, timing=timing):
         await api.wait_for(complete_with(names(range(10))), what="first publish")
         writes = api.writes
         for numbers in ([*range(10), 10], [*range(10), 10, 11], [*range(1, 10), 10, 11]):
             trees.set(tree(numbers))
-            await asyncio.sleep(0)  # each change reaches the publisher on its own
+            # Apart: a publisher that did not settle would publish each change on its own.
+            await asyncio.sleep(0.05)
         expected = names([*range(1, 10), 10, 11])
         await api.wait_for(complete_with(expected), what="the burst published")
         assert generations(api) == {2}
@@ -287,7 +289,7 @@ async def test_a_storm_publishes_during_the_storm_and_with_few_writes(
             nonlocal changes
             while True:
                 changes += 1
-                trees.set(tree(range(10 + changes % 2)))
+                trees.set(tree([*range(10), 100 + changes]))  # each tree a new one
                 if changes >= 60:
                     enough.set()
                 await asyncio.sleep(0.02)
@@ -301,7 +303,7 @@ async def test_a_storm_publishes_during_the_storm_and_with_few_writes(
             storming.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await storming
-        final = names(range(10 + changes % 2))
+        final = names([*range(10), 100 + changes])
         await api.wait_for(complete_with(final), what="the storm's last tree")
         assert api.writes - writes <= changes // 3, (api.writes - writes, changes)
 
@@ -507,6 +509,7 @@ async def test_stopping_leaves_the_slices_and_no_tasks(
     publisher = SlicePublisher(client, trees, node_name=NODE, driver=DRIVER, timing=FAST)
     task = asyncio.create_task(publisher.run(), name="publisher-under-test")
     await api.wait_for(complete_with(names(range(3))), what="published")
+    await publisher.published.wait_for(lambda pool: pool is not None, 5)  # its pass is over
     since = len(api.request_log)
     task.cancel()
     with contextlib.suppress(asyncio.CancelledError):
