@@ -387,3 +387,55 @@ def test_cli_a_dir_that_is_a_file_is_not_a_directory(tmp_path: Path, flag: str) 
     result = devplug("run", "--scanner", "generic", flag, str(file))
     assert result.returncode == 2
     assert f"{file} is not a directory" in result.stderr
+
+
+DRA_OK = "dra:\n  driver: gpu.intel.com\n  resources: [gpu.intel.com/i915]\n"
+
+
+def test_the_dra_section_takes_the_issues_contract(tmp_path: Path) -> None:
+    """Issue 27 item 2: driver, resources, kubelet_root (default /var/lib/kubelet)."""
+    settings = load_settings(write(tmp_path, DRA_OK), {}, [], {})
+    assert settings.dra is not None
+    assert settings.dra.driver == "gpu.intel.com"
+    assert settings.dra.resources == ("gpu.intel.com/i915",)
+    assert settings.dra.kubelet_root == Path("/var/lib/kubelet")
+    moved = load_settings(write(tmp_path, DRA_OK + "  kubelet_root: /srv/kubelet\n"), {}, [], {})
+    assert moved.dra is not None and moved.dra.kubelet_root == Path("/srv/kubelet")
+    assert load_settings(None, {}, [], {}).dra is None  # no section: nothing through DRA
+    # Which front serves a resource is set up once: a reload reports a change, keeps the old.
+    assert settings.restart_only_changes(moved) == ["dra"]
+
+
+@pytest.mark.parametrize(
+    ("text", "field", "words"),
+    [
+        ("dra: {driver: Gpu.Intel.com, resources: [a.com/x]}", "dra.driver", "DNS subdomain"),
+        (f"dra: {{driver: {'a' * 64}, resources: [a.com/x]}}", "dra.driver", "at most 63"),
+        ("dra: {driver: gpu_intel.com, resources: [a.com/x]}", "dra.driver", "DNS subdomain"),
+        ("dra: {resources: [a.com/x]}", "dra.driver", "is required"),
+        ("dra: {driver: a.com}", "dra.resources", "is required"),
+        ("dra: {driver: a.com, resources: []}", "dra.resources", "at least one resource"),
+        ("dra: {driver: a.com, resources: [i915]}", "dra.resources", "not a resource name"),
+        ("dra: {driver: a.com, resources: [a.com/x, a.com/x]}", "dra.resources", "twice"),
+        (
+            "dra: {driver: a.com, resources: [a.com/x], kubelet_root: var/lib/kubelet}",
+            "dra.kubelet_root",
+            "absolute path",
+        ),
+        (
+            "dra: {driver: a.com, resources: [a.com/x], kubelet_dir: /x}",
+            "dra.kubelet_dir",
+            "did you mean 'kubelet_root'",
+        ),
+        (
+            "cdi: {enabled: false}\ndra: {driver: a.com, resources: [a.com/x]}",
+            "cdi.enabled",
+            "Prepare answers with the ids of devplug's CDI specs",
+        ),
+    ],
+)
+def test_bad_dra_settings_name_the_field(tmp_path: Path, text: str, field: str, words: str) -> None:
+    with pytest.raises(ConfigError) as refused:
+        load_settings(write(tmp_path, text + "\n"), {}, [], {})
+    assert refused.value.field == field
+    assert words in refused.value.message

@@ -31,6 +31,7 @@ NATIVE_NAMESPACE = "kubernetes.io/"
 MAX_SUBDOMAIN = 253
 MAX_NAME = 63
 MAX_DEVICE_ID = 63
+MAX_DRIVER_NAME = 63  # DriverNameMaxLength in k8s.io/api resource/v1 types.go
 # sun_path is 108 bytes on Linux, one of them the terminating NUL.
 MAX_UNIX_SOCKET_PATH = 107
 
@@ -169,4 +170,23 @@ def cdi_kind_problem(kind: str) -> str | None:
                 f"the {what} {part!r} must be at least two characters, start with a letter, "
                 "end with a letter or digit, and hold only letters, digits, '_', '-' and '.'"
             )
+    return None
+
+
+def driver_name_problem(driver: str) -> str | None:
+    """Why ``driver`` cannot be a DRA driver name, or None.
+
+    Stricter than the API server, which lower-cases the name before its DNS check: the name
+    is also compared exactly (DeviceClass CEL ``device.driver == "..."``, the kubelet's plugin
+    directory), so devplug asks for the lower-case form the API documents.
+    """
+    if not driver:
+        return "must not be empty"
+    if len(driver) > MAX_DRIVER_NAME:
+        return f"must be at most {MAX_DRIVER_NAME} characters, got {len(driver)}"
+    if not DNS1123_SUBDOMAIN.match(driver):
+        return (
+            "must be a DNS subdomain: lower-case alphanumerics, '-' and '.', starting and "
+            "ending with an alphanumeric (a domain the driver's vendor owns, e.g. gpu.intel.com)"
+        )
     return None

@@ -28,6 +28,7 @@ from pydantic import (
     ValidationError,
     ValidationInfo,
     field_validator,
+    model_validator,
 )
 
 from devplug.config.address import parse_address
@@ -35,14 +36,16 @@ from devplug.config.files import read_config_file
 from devplug.config.messages import config_error
 from devplug.config.scanner_names import Respelling, scanner_name
 from devplug.errors import ConfigError
-from devplug.naming import cdi_kind_problem, resource_name_problem
+from devplug.naming import cdi_kind_problem, driver_name_problem, resource_name_problem
 
 __all__ = [
     "DEFAULT_CDI_DIR",
     "DEFAULT_KUBELET_DIR",
+    "DEFAULT_KUBELET_ROOT",
     "ENV_PREFIX",
     "SCALAR_KEYS",
     "CdiSettings",
+    "DraSettings",
     "HotplugSettings",
     "Respelling",
     "SectionSettings",
@@ -59,6 +62,7 @@ __all__ = [
 
 DEFAULT_KUBELET_DIR = Path("/var/lib/kubelet/device-plugins")
 DEFAULT_CDI_DIR = Path("/var/run/cdi")
+DEFAULT_KUBELET_ROOT = Path("/var/lib/kubelet")
 ENV_PREFIX = "DEVPLUG_"
 _INSTANCE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.,-]{0,62}")
 
@@ -213,6 +217,56 @@ class CdiSettings(StrictModel):
         return value
 
 
+class DraSettings(StrictModel):
+    """Serving resources through Dynamic Resource Allocation instead of the device plugin API.
+
+    ``driver``: the DRA driver name (a DNS subdomain of at most 63 characters, the vendor's
+    domain: ``gpu.intel.com``). ``resources``: the resources served through DRA, and only
+    through it: the device-plugin front neither serves nor registers them (a resource is
+    served by exactly one front on a node). ``kubelet_root``: the kubelet's ``--root-dir``;
+    the registration socket goes in ``<root>/plugins_registry``, the DRA socket and the
+    checkpoint in ``<root>/plugins/<driver>/``. Which API server and node: the ``KUBECONFIG``
+    and ``NODE_NAME`` variables, or the in-cluster config (see docs/dra.md).
+    """
+
+    driver: str
+    resources: tuple[str, ...]
+    kubelet_root: Path = DEFAULT_KUBELET_ROOT
+
+    @field_validator("driver")
+    @classmethod
+    def _driver_name(cls, value: str) -> str:
+        problem = driver_name_problem(value)
+        if problem is not None:
+            raise ValueError(f"{value!r} is not a DRA driver name: {problem}")
+        return value
+
+    @field_validator("resources")
+    @classmethod
+    def _resource_names(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        if not value:
+            raise ValueError(
+                "name at least one resource to serve through DRA (without any, leave the dra "
+                "section out)"
+            )
+        for resource in value:
+            problem = resource_name_problem(resource)
+            if problem is not None:
+                raise ValueError(f"{resource!r} is not a resource name: {problem}")
+        twice = sorted({r for r in value if value.count(r) > 1})
+        if twice:
+            raise ValueError(f"{twice[0]!r} is listed twice; name each resource once")
+        return value
+
+    @field_validator("kubelet_root")
+    @classmethod
+    def _absolute_root(cls, value: Path) -> Path:
+        problem = path_problem(value)
+        if problem is not None:
+            raise ValueError(f"{problem} (the kubelet's --root-dir, e.g. /var/lib/kubelet)")
+        return value
+
+
 class Settings(StrictModel):
     kubelet_dir: Path = DEFAULT_KUBELET_DIR
     cdi: CdiSettings = CdiSettings()
@@ -221,6 +275,8 @@ class Settings(StrictModel):
     log_format: LogFormat | None = None
     log_level: LogLevel = "info"
     hotplug: HotplugSettings = HotplugSettings()
+    # Resources served through DRA rather than the device plugin API; None: none.
+    dra: DraSettings | None = None
     # The longest a stop may take in all, from the stop signal: stop hooks, CDI clean-up,
     # worker threads. Past it the process exits anyway. Below a pod's 30 s grace period.
     stop_timeout_s: float = Field(default=20.0, gt=0, le=3600)
@@ -236,10 +292,11 @@ class Settings(StrictModel):
         return self._respellings
 
     # What a running daemon set up once and cannot change on SIGHUP: its sockets' dir, the
-    # CDI dir and its lock, the HTTP listener, the logging pipeline.
+    # CDI dir and its lock, the HTTP listener, the logging pipeline, which front serves what.
     RESTART_ONLY: ClassVar[tuple[str, ...]] = (
         "kubelet_dir",
         "cdi",
+        "dra",
         "log_format",
         "log_level",
         "metrics_address",
@@ -252,6 +309,17 @@ class Settings(StrictModel):
     def reloaded(self, new: Settings) -> Settings:
         """``new``, with this config's restart-only settings kept."""
         return new.model_copy(update={name: getattr(self, name) for name in self.RESTART_ONLY})
+
+    @model_validator(mode="after")
+    def _dra_needs_cdi(self) -> Self:
+        if self.dra is not None and not self.cdi.enabled:
+            # Raised as it is (pydantic wraps only ValueError): it names the setting to change.
+            raise ConfigError(
+                "cdi.enabled",
+                "must be true with a dra section: DRA's Prepare answers with the ids of "
+                "devplug's CDI specs; turn CDI on, or leave the dra section out",
+            )
+        return self
 
     @field_validator("metrics_address")
     @classmethod

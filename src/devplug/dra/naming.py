@@ -30,11 +30,10 @@ import hashlib
 import re
 
 from devplug.errors import InvalidNameError
-from devplug.naming import DNS1123_SUBDOMAIN
+from devplug.naming import DNS1123_SUBDOMAIN, driver_name_problem
 
 MAX_LABEL = 63
 MAX_SUBDOMAIN = 253
-MAX_DRIVER_NAME = 63  # DriverNameMaxLength in k8s.io/api resource/v1 types.go
 HASH_DIGITS = 10
 
 DNS1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?\Z")
@@ -95,25 +94,6 @@ def pool_name(node_name: str) -> str:
     if problem is not None:
         raise InvalidNameError(f"invalid node name {node_name!r}: {problem}")
     return node_name
-
-
-def driver_name_problem(driver: str) -> str | None:
-    """Why ``driver`` cannot be a DRA driver name, or None.
-
-    Stricter than the API server, which lower-cases the name before its DNS check: the name
-    is also compared exactly (DeviceClass CEL ``device.driver == "..."``, the kubelet's plugin
-    directory), so devplug asks for the lower-case form the API documents.
-    """
-    if not driver:
-        return "must not be empty"
-    if len(driver) > MAX_DRIVER_NAME:
-        return f"must be at most {MAX_DRIVER_NAME} characters, got {len(driver)}"
-    if not DNS1123_SUBDOMAIN.match(driver):
-        return (
-            "must be a DNS subdomain: lower-case alphanumerics, '-' and '.', starting and "
-            "ending with an alphanumeric (a domain the driver's vendor owns, e.g. gpu.intel.com)"
-        )
-    return None
 
 
 def validate_driver_name(driver: str) -> str:

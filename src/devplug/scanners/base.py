@@ -67,6 +67,20 @@ class Reporter(Protocol):
 
 
 @runtime_checkable
+class ResourceNamer(Protocol):
+    """A scanner that can tell from its config alone which resources it may advertise.
+
+    ``makes_resource(resource)`` is True when some device could put ``resource`` in the
+    scanner's tree, whatever the host has now. devplug asks it at start to refuse a
+    ``dra.resources`` entry that no configured scanner makes: a scan cannot decide that (a
+    GPU may be plugged in an hour later), and a misspelt name would otherwise serve nothing
+    for good. A scanner without it may make any resource, as far as devplug can tell.
+    """
+
+    def makes_resource(self, resource: str) -> bool: ...
+
+
+@runtime_checkable
 class Allocator(Protocol):
     """Replaces the default Allocate answer.
 

@@ -150,6 +150,9 @@ class GenericScanner:
             return None
         return frozenset(name for name in names if name is not None)
 
+    def makes_resource(self, resource: str) -> bool:
+        return any(entry.resource == resource for entry in self.entries)
+
     def scan(self, source: UdevSource) -> DeviceTree:
         builder = DeviceTreeBuilder()
         self._duplicates = False

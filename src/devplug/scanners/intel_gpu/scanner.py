@@ -85,6 +85,13 @@ class IntelGpuScanner:
         # drm for minors coming and going, pci for bind/unbind and SR-IOV changes.
         return frozenset({"drm", "pci"})
 
+    def makes_resource(self, resource: str) -> bool:
+        if resource == MONITORING_RESOURCE:
+            return self.settings.monitoring
+        return resource.removeprefix(RESOURCE_PREFIX) in GPU_DRIVERS and resource.startswith(
+            RESOURCE_PREFIX
+        )
+
     # ------------------------------------------------------------------ scans
 
     def scan(self, source: UdevSource) -> DeviceTree:

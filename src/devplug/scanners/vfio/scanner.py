@@ -16,6 +16,7 @@ the reason, and is Healthy again when restored. devplug never binds or unbinds d
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -44,6 +45,8 @@ _HARMLESS_DRIVERS = frozenset({"pci-stub", "pcieport"})
 # misc devices that concern VFIO: /dev/vfio/vfio and /dev/iommu (not /dev/kvm and the like).
 _VFIO_MISC = ("/misc/vfio", "/misc/iommu")
 REPORT_SECTION = "vfio_unassignable_groups"
+# A PCI vendor or device id as default resource names carry it (discovery reads them so).
+_HEX4 = re.compile(r"[0-9a-f]{4}")
 
 
 def kubevirt_variable(resource: str) -> str:
@@ -81,6 +84,21 @@ class VfioScanner:
         # pci: bind/unbind and hotplug; vfio: group nodes; vfio-dev: iommufd nodes;
         # misc: /dev/vfio/vfio and /dev/iommu.
         return frozenset({"pci", "vfio", "vfio-dev", "misc"})
+
+    def makes_resource(self, resource: str) -> bool:
+        """A selector's resource, or a default name (``<default_domain>/<vendor>_<device>``)
+        of ids no selector maps (those always take the selector's resource)."""
+        settings = self.settings
+        if any(entry.resource == resource for entry in settings.devices):
+            return True
+        domain, _, ids = resource.partition("/")
+        vendor, _, device = ids.partition("_")
+        return (
+            domain == settings.default_domain
+            and _HEX4.fullmatch(vendor) is not None
+            and _HEX4.fullmatch(device) is not None
+            and settings.resource_for(vendor, device) is None
+        )
 
     def rescan(
         self, source: UdevSource, previous: DeviceTree, events: Sequence[UdevEvent]
