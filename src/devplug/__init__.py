@@ -8,9 +8,9 @@ needs to serve its scanners (``serve``: devplug's command line with the author's
 Everything else is internal. Test tools live in :mod:`devplug.testing`.
 """
 
-from importlib import import_module
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from devplug._kits.lazy import lazy_names
 from devplug._version import __version__
 from devplug.errors import AllocationError, ConfigError, DevplugError, InvalidNameError
 
@@ -85,17 +85,7 @@ _LAZY = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'devplug' has no attribute {name!r}")
-    value = getattr(import_module(module), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *_LAZY})
+__getattr__, __dir__ = lazy_names(__name__, _LAZY)
 
 
 __all__ = [

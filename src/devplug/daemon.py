@@ -497,4 +497,3 @@ class _Events:
     def list_built(self, resource: str, size_bytes: int) -> None:
         self._metrics.list_built(resource, size_bytes)
         self._daemon._list_built(resource)
-

@@ -20,8 +20,9 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any, overload
+from typing import TYPE_CHECKING, overload
 
+from devplug._kits.lazy import lazy_names
 from devplug.cli import early
 from devplug.cli.early import EXIT_INTERRUPTED
 
@@ -32,18 +33,9 @@ if TYPE_CHECKING:
 
 __all__ = ["ScannerFactory", "build_parser", "main", "serve"]
 
-_LAZY = {"ScannerFactory": "devplug.cli.commands", "build_parser": "devplug.cli.parser"}
-
-
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'devplug.cli' has no attribute {name!r}")
-    from importlib import import_module
-
-    value = getattr(import_module(module), name)
-    globals()[name] = value
-    return value
+__getattr__, __dir__ = lazy_names(
+    __name__, {"ScannerFactory": "devplug.cli.commands", "build_parser": "devplug.cli.parser"}
+)
 
 
 def main(
