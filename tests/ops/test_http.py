@@ -13,6 +13,8 @@ import json
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+from structlog.testing import capture_logs
+
 from devplug.ops.http import MAX_CONNECTIONS, StatusEndpoint
 from devplug.testing import daemon_process, eventually
 
@@ -197,6 +199,34 @@ async def test_at_the_cap_one_address_gives_way_to_its_own_probe() -> None:
             assert served.evicted == 1 and served.refused == 0
         finally:
             close_all(held)
+
+
+async def test_the_cap_is_logged_once_per_episode() -> None:
+    """A client keeping the port at its cap must not write a line per connection: one
+    warning while the cap holds, ``below_cap`` when every connection has ended, and a
+    warning again at the next episode."""
+
+    def said(logs: list[dict[str, object]]) -> list[tuple[object, object]]:
+        return [(e["event"], e["log_level"]) for e in logs if e["log_level"] != "debug"]
+
+    async with endpoint(max_connections=2) as served:
+        port = served.port
+        for episode in range(2):
+            with capture_logs() as logs:
+                held = await opened_in_order(served, port, ["127.0.0.2"] * 2)
+                try:
+                    for _ in range(3):  # each probe takes the slot of a held connection
+                        assert await probe(port, "127.0.0.3") == 200
+                        held.append(await partial(port, "127.0.0.2"))
+                        await eventually(lambda: served.active == 2, what="at the cap again")
+                finally:
+                    close_all(held)
+                await eventually(lambda: served.active == 0, what="every connection ended")
+            assert served.evicted == 3 * (episode + 1)
+            assert said(logs) == [
+                ("http.connections.capped", "warning"),
+                ("http.connections.below_cap", "info"),
+            ], f"episode {episode}"
 
 
 async def test_at_the_cap_the_address_holding_most_gives_way() -> None:

@@ -18,6 +18,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from structlog.testing import capture_logs
 
 from devplug.daemon import Daemon
 from devplug.model import DeviceInfo, DeviceNode
@@ -201,6 +202,28 @@ def test_an_abstract_socket_name_and_a_foreign_watchdog_pid() -> None:
         notifier.notify("READY=1")
         assert sock.recv(100) == b"READY=1"
         notifier.close()
+
+
+def test_a_failing_socket_is_logged_once_until_a_message_gets_through(short_dir: Path) -> None:
+    """A watchdog ping goes every few seconds: systemd gone is one warning, not one a ping;
+    once a message gets through, the next failure is news again."""
+    path = short_dir / "notify"
+    notifier = SystemdNotifier({"NOTIFY_SOCKET": str(path)})
+
+    def warned(*messages: str) -> list[object]:
+        with capture_logs() as logs:
+            for message in messages:
+                notifier.notify(message)
+        return [e["reason"] for e in logs if e["log_level"] == "warning"]
+
+    assert warned("READY=1", "WATCHDOG=1", "WATCHDOG=1") == ["ENOENT: No such file or directory"]
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
+        sock.bind(str(path))
+        assert warned("WATCHDOG=1") == []
+        assert sock.recv(100) == b"WATCHDOG=1"
+    path.unlink()
+    assert warned("WATCHDOG=1", "STOPPING=1") == ["ENOENT: No such file or directory"]
+    notifier.close()
 
 
 def test_outside_systemd_nothing_is_sent() -> None:

@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 import yaml
+from structlog.testing import capture_logs
 
 from devplug.config import load_settings
 from devplug.errors import ConfigError
@@ -213,6 +214,38 @@ def test_a_host_driver_on_the_lower_function_is_named_too(host: UmockdevHost) ->
     (group,) = report
     assert (group["group"], group["id"]) == (40, NIC0)
     assert NIC0 in group["reason"] and "i40e" in group["reason"]
+
+
+def test_an_unassignable_group_is_warned_about_once_per_episode_and_reason(
+    host: UmockdevHost,
+) -> None:
+    """The daemon rescans on every event and resync: a group refused for the same reason
+    scan after scan is a warning once; a new reason, or a refusal after a scan that did not
+    refuse it, is a warning again."""
+    vfio_host(host, iommufd=False)
+    first, second = add_x710(host, drivers=("vfio-pci", "i40e"), vfio_devs=(None, None))
+    scanner = VfioScanner(with_x710())
+
+    def warned() -> tuple[DeviceTree, list[str]]:
+        with capture_logs() as logs:
+            tree = scanner.scan(UdevSource())
+        return tree, [
+            str(e["reason"])
+            for e in logs
+            if e["event"] == "vfio.group.unassignable" and e["log_level"] == "warning"
+        ]
+
+    _, reasons = warned()
+    assert len(reasons) == 1 and "i40e" in reasons[0]
+    assert warned() == (DeviceTree(), [])
+    host.set_driver(second, "ixgbe")
+    _, reasons = warned()
+    assert len(reasons) == 1 and "ixgbe" in reasons[0]
+    host.set_driver(first, "i40e")  # the whole card back on the host: not refused, not ours
+    assert warned() == (DeviceTree(), [])
+    host.set_driver(first, "vfio-pci")
+    _, reasons = warned()
+    assert len(reasons) == 1 and "ixgbe" in reasons[0]
 
 
 def test_a_gpu_and_its_audio_function_on_vfio_are_one_device(host: UmockdevHost) -> None:

@@ -48,6 +48,8 @@ from dataclasses import dataclass, field
 
 import structlog
 
+from devplug._kits.problems import ProblemLog
+
 log = structlog.get_logger("devplug.http")
 
 MAX_HEADER_BYTES = 8192
@@ -104,7 +106,10 @@ class StatusEndpoint:
         self.request_timeout_s = min(request_timeout_s, timeout_s)
         self.evicted = 0  # connections closed mid-request to make room for a new one
         self.refused = 0  # new connections closed unserved: every slot was answering
-        self._capped = False  # an episode of connections at the cap is under way
+        # An episode of connections at the cap, logged once: a client that keeps the endpoint
+        # at its cap would otherwise write a line per connection. It ends when every
+        # connection is gone.
+        self._cap = ProblemLog()
 
     @property
     def active(self) -> int:
@@ -195,18 +200,15 @@ class StatusEndpoint:
         return min(reading, key=lambda c: (-held[c.peer], c.received == 0, c.accepted_at))
 
     def _evict(self, victim: _Connection | None) -> bool:
-        if not self._capped:
-            # Once per episode (until every connection is gone): a client that keeps the
-            # endpoint at its cap would otherwise write a line per connection.
-            self._capped = True
-            log.warning(
-                "http.connections.capped",
-                max_connections=self.max_connections,
-                consequence=(
-                    "each new connection closes one still sending its request (of the "
-                    "address holding the most), or is closed itself when none is"
-                ),
-            )
+        self._cap.report(
+            log,
+            "http.connections.capped",
+            "each new connection closes one still sending its request (of the address "
+            "holding the most), or is closed itself when none is",
+            level="warning",
+            field="consequence",
+            max_connections=self.max_connections,
+        )
         if victim is None:
             return False
         self._connections.discard(victim)  # its slot is the new one's from now on
@@ -228,8 +230,7 @@ class StatusEndpoint:
     def _finished(self, connection: _Connection) -> None:
         self._connections.discard(connection)
         connection.close()
-        if self._capped and not self._connections:
-            self._capped = False
+        if not self._connections and self._cap.solved():
             log.info("http.connections.below_cap", evicted=self.evicted, refused=self.refused)
 
     # ------------------------------------------------------------------ one exchange

@@ -19,6 +19,8 @@ from collections.abc import Mapping
 
 import structlog
 
+from devplug._kits.problems import ProblemLog, error_reason
+
 log = structlog.get_logger("devplug.systemd")
 
 
@@ -33,7 +35,8 @@ class SystemdNotifier:
             address = "\0" + address[1:]
         self._address = address if address.startswith(("/", "\0")) else ""
         self._socket: socket.socket | None = None
-        self._failed = False
+        # A failure is logged when it begins or changes, not on every watchdog ping.
+        self._failure = ProblemLog()
         self.watchdog_s = _watchdog_period(environ)
         # The last messages sent, for tests and status (bounded: a watchdog ping goes every
         # few seconds for the daemon's whole life).
@@ -44,8 +47,9 @@ class SystemdNotifier:
         return bool(self._address)
 
     def notify(self, *lines: str) -> None:
-        """Send one message; failures are logged once and never raised (systemd may be gone
-        during shutdown, and readiness is not worth crashing for)."""
+        """Send one message; a failure is logged once until a message gets through again, and
+        never raised (systemd may be gone during shutdown, and readiness is not worth crashing
+        for)."""
         if not self._address:
             return
         message = "\n".join(lines)
@@ -57,10 +61,9 @@ class SystemdNotifier:
                 self._socket.setblocking(False)
             self._socket.sendto(message.encode(), self._address)
         except OSError as exc:
-            if not self._failed:
-                self._failed = True
-                log.warning("systemd.notify.failed", reason=str(exc))
+            self._failure.report(log, "systemd.notify.failed", error_reason(exc), level="warning")
             return
+        self._failure.solved()
         self.sent.append(message)
 
     async def watchdog(self) -> None:

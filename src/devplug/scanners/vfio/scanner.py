@@ -23,6 +23,7 @@ from typing import Any
 
 import structlog
 
+from devplug._kits.problems import ProblemLog
 from devplug.model import (
     ContainerAllocation,
     DeviceInfo,
@@ -73,7 +74,7 @@ class VfioScanner:
         self._entries: dict[str, _Entry] = {}  # group id -> what was advertised
         self._ids: dict[str, str] = {}  # address of a VFIO function -> its group's id
         self._unassignable: list[dict[str, Any]] = []
-        self._refused: set[tuple[str, str]] = set()
+        self._refused = ProblemLog()  # group id -> why it cannot be served
 
     @classmethod
     def from_config(cls, raw: Any, field: str = "scanners.vfio") -> VfioScanner:
@@ -190,17 +191,21 @@ class VfioScanner:
 
     def _log_unassignable(self, groups: list[dict[str, Any]]) -> None:
         """A warning the first time a group is refused for a reason (the daemon's operators
-        do not run ``devplug scan``)."""
-        now = {(g["id"], g["reason"]) for g in groups}
+        do not run ``devplug scan``); again if a scan in between did not refuse it."""
+        refused_now = {group["id"] for group in groups}
+        for group_id in self._refused.unsolved():
+            if group_id not in refused_now:
+                self._refused.solved(group_id)
         for group in groups:
-            if (group["id"], group["reason"]) not in self._refused:
-                log.warning(
-                    "vfio.group.unassignable",
-                    group=group["group"],
-                    id=group["id"],
-                    reason=group["reason"],
-                )
-        self._refused = now
+            self._refused.report(
+                log,
+                "vfio.group.unassignable",
+                group["reason"],
+                key=group["id"],
+                level="warning",
+                group=group["group"],
+                id=group["id"],
+            )
 
     def _evaluate(
         self,
