@@ -1,12 +1,12 @@
 """Intel GPU GetPreferredAllocation: the none, balanced and packed policies, by hand.
 
 Every expected answer below is written out from the semantics in ``policy.py``'s docstring,
-and checked through the pure ``preferred_shares`` (GPUs and NUMA nodes given as maps), through
+and checked through :func:`policy_over_maps` (the scanner's policy set-ups applied by
+``devplug.preferred_ids`` to plain ids, GPUs and NUMA nodes given as maps), through
 ``IntelGpuScanner.preferred_allocation`` (which learns each share's GPU from
 ``info.sources[0]`` and its NUMA node from ``info.numa_nodes``), and through
-``preferred_gpu_shares``, the same policies as configurations of :mod:`devplug.preferred` over
-the devices, which must answer exactly as the scanner does. The mechanism itself is tested in
-``tests/test_preferred.py``.
+``preferred_gpu_shares``, the same policies over the devices, which must answer exactly as
+the scanner does. The mechanism itself is tested in ``tests/test_preferred.py``.
 """
 
 from __future__ import annotations
@@ -19,8 +19,10 @@ from typing import get_args
 import pytest
 
 from devplug.model import DeviceInfo, Health
+from devplug.preferred import preferred_ids
 from devplug.scanners.intel_gpu import MONITORING_RESOURCE, IntelGpuScanner, IntelGpuSettings
-from devplug.scanners.intel_gpu.policy import preferred_gpu_shares, preferred_shares
+from devplug.scanners.intel_gpu.policy import POLICIES as SETUPS
+from devplug.scanners.intel_gpu.policy import preferred_gpu_shares, share_order
 from devplug.scanners.intel_gpu.settings import AllocationPolicy
 
 FIELD = "scanners.intel_gpu"
@@ -67,6 +69,29 @@ class Host:
         }
 
 
+def policy_over_maps(
+    policy: AllocationPolicy,
+    available: Sequence[str],
+    must_include: Sequence[str],
+    size: int,
+    gpu_of: Mapping[str, str],
+    numa_of: Mapping[str, tuple[int, ...]],
+) -> list[str]:
+    """``policy`` over plain ids: every id in ``available`` may be picked; ``gpu_of`` maps an
+    id to its GPU (an id missing there is a GPU of its own), ``numa_of`` to its NUMA nodes."""
+    setup = SETUPS[policy]
+    return preferred_ids(
+        available,
+        must_include,
+        size,
+        fill=setup.fill,
+        nodes=setup.nodes,
+        numa_of=lambda device_id: numa_of.get(device_id, ()),
+        unit_of=lambda device_id: gpu_of.get(device_id, device_id),
+        key=share_order,
+    )
+
+
 def scanner(policy: AllocationPolicy) -> IntelGpuScanner:
     return IntelGpuScanner(IntelGpuSettings.from_raw({"allocation_policy": policy}, FIELD))
 
@@ -101,7 +126,7 @@ def both(
     """The pure function's answer, after checking the scanner gives the same one."""
     pool = host.all_ids if available is None else list(available)
     must_include = ids(must) if must else []
-    pure = preferred_shares(policy, pool, must_include, size, host.gpu_of, host.numa_of)
+    pure = policy_over_maps(policy, pool, must_include, size, host.gpu_of, host.numa_of)
     assert allocate(policy, pool, must_include, size, host.devices()) == pure
     return pure
 
@@ -238,7 +263,7 @@ def test_must_include_also_offered_as_available_is_not_repeated(
 @pytest.mark.parametrize("policy", POLICIES)
 def test_must_include_that_is_not_available_is_still_kept(policy: AllocationPolicy) -> None:
     host = flat()
-    got = preferred_shares(policy, ids("a0 b0"), ["elsewhere"], 2, host.gpu_of, host.numa_of)
+    got = policy_over_maps(policy, ids("a0 b0"), ["elsewhere"], 2, host.gpu_of, host.numa_of)
     assert got == ["elsewhere", ids("a0")[0]]
     # The scanner does not know "elsewhere" either, yet keeps it: the kubelet asked for it.
     assert allocate(policy, ids("a0 b0"), ["elsewhere"], 2, host.devices()) == got
@@ -365,7 +390,7 @@ def test_empty_and_degenerate_requests(policy: AllocationPolicy) -> None:
     assert both(policy, host, 0) == []
     assert both(policy, host, -1) == []
     assert both(policy, host, -1, "a0") == ids("a0")
-    assert preferred_shares(policy, [], [], 5, {}, {}) == []
+    assert policy_over_maps(policy, [], [], 5, {}, {}) == []
 
 
 @pytest.mark.parametrize(
@@ -379,10 +404,10 @@ def test_empty_and_degenerate_requests(policy: AllocationPolicy) -> None:
 def test_ids_without_a_gpu_count_as_a_gpu_of_their_own(
     policy: AllocationPolicy, expected: list[str]
 ) -> None:
-    # preferred_shares itself: "zz" is in neither map; it is its own one-share GPU.
+    # policy_over_maps itself: "zz" is in neither map; it is its own one-share GPU.
     host = Host().add(A, 2).add(B, 2)
     available = [*ids("b1 a1 b0 a0"), "zz"]
-    assert preferred_shares(policy, available, [], 3, host.gpu_of, host.numa_of) == expected
+    assert policy_over_maps(policy, available, [], 3, host.gpu_of, host.numa_of) == expected
 
 
 @pytest.mark.parametrize(
@@ -537,7 +562,7 @@ def test_random_requests_keep_the_invariants(seed: int) -> None:
     devices = host.devices()
     healthy = [i for i in available if i in devices and devices[i].healthy]
     for policy in POLICIES:
-        pure = preferred_shares(policy, available, must_include, size, host.gpu_of, host.numa_of)
+        pure = policy_over_maps(policy, available, must_include, size, host.gpu_of, host.numa_of)
         check_answer(pure, available, must_include, size)
         if not must_include and size > 0:
             # One NUMA group that can hold the request: the whole answer comes from one group.
@@ -591,5 +616,5 @@ def test_large_answer_matches_the_pure_function_and_keeps_invariants() -> None:
         answer = scanner(policy).preferred_allocation(RESOURCE, offered, must, 1500, host.devices())
         got = now(answer)
         check_answer(got, healthy, must, 1500)
-        assert got == preferred_shares(policy, healthy, must, 1500, host.gpu_of, host.numa_of)
+        assert got == policy_over_maps(policy, healthy, must, 1500, host.gpu_of, host.numa_of)
         assert got == preferred_gpu_shares(policy, offered, must, 1500, host.devices())

@@ -22,7 +22,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
 from devplug.model import DeviceInfo
-from devplug.preferred import PreferredPolicy, by_first_source, preferred_ids
+from devplug.preferred import PreferredPolicy, by_first_source
 from devplug.scanners.intel_gpu.settings import AllocationPolicy
 
 
@@ -60,29 +60,3 @@ def preferred_gpu_shares(
 ) -> list[str]:
     """The scanner's answer: ``policy`` over the advertised, healthy ``available`` shares."""
     return POLICIES[policy](available, must_include, size, devices)
-
-
-def preferred_shares(
-    policy: AllocationPolicy,
-    available: Sequence[str],
-    must_include: Sequence[str],
-    size: int,
-    gpu_of: Mapping[str, str],
-    numa_of: Mapping[str, tuple[int, ...]],
-) -> list[str]:
-    """The preferred ids: ``must_include`` first, then ``size`` in all, by policy and NUMA.
-
-    Every id in ``available`` may be picked. ``gpu_of`` maps an id to its GPU (ids missing
-    there count as a GPU of their own); ``numa_of`` to its NUMA nodes.
-    """
-    setup = POLICIES[policy]
-    return preferred_ids(
-        available,
-        must_include,
-        size,
-        fill=setup.fill,
-        nodes=setup.nodes,
-        numa_of=lambda device_id: numa_of.get(device_id, ()),
-        unit_of=lambda device_id: gpu_of.get(device_id, device_id),
-        key=share_order,
-    )
