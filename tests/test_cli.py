@@ -52,6 +52,7 @@ def subcommands() -> dict[str, argparse.ArgumentParser]:
 
     found = choices(build_parser(), "command")
     found["cdi generate"] = choices(found.pop("cdi"), "cdi_command")["generate"]
+    found["dra deviceclasses"] = choices(found.pop("dra"), "dra_command")["deviceclasses"]
     return found
 
 
@@ -60,7 +61,7 @@ def test_version_flag_and_command() -> None:
     assert devplug("version").stdout == f"devplug {__version__}\n"
 
 
-@pytest.mark.parametrize("command", ["run", "scan", "status", "cdi generate"])
+@pytest.mark.parametrize("command", ["run", "scan", "status", "cdi generate", "dra deviceclasses"])
 def test_every_command_that_prints_a_document_takes_o_json_and_yaml(command: str) -> None:
     parser = subcommands()[command]
     (output,) = [a for a in parser._actions if a.dest == "output"]
@@ -68,7 +69,9 @@ def test_every_command_that_prints_a_document_takes_o_json_and_yaml(command: str
     assert output.choices is not None and {"json", "yaml"} <= set(output.choices)
 
 
-@pytest.mark.parametrize("command", ["run", "scan", "status", "cdi generate", "version"])
+@pytest.mark.parametrize(
+    "command", ["run", "scan", "status", "cdi generate", "dra deviceclasses", "version"]
+)
 def test_help_has_a_one_line_description_and_the_exit_statuses(command: str) -> None:
     result = devplug(*command.split(), "--help")
     assert result.returncode == 0
@@ -83,6 +86,7 @@ def test_help_has_a_one_line_description_and_the_exit_statuses(command: str) -> 
         ("scan", ["--kubelet-dir", "--cdi-dir", "--metrics-address", "--dry-run"]),
         ("cdi generate", ["--kubelet-dir", "--cdi-dir", "--metrics-address"]),
         ("status", ["--config", "--scanner", "--cdi-dir", "--log-level"]),
+        ("dra deviceclasses", ["--kubelet-dir", "--scanner", "--cdi-dir", "--log-level"]),
     ],
 )
 def test_flags_a_command_does_not_use_are_not_offered(command: str, absent: list[str]) -> None:

@@ -35,8 +35,8 @@ VALUED = frozenset(
         "--timeout",
     }
 )
-# Commands whose own commands follow them (``cdi generate``).
-GROUPS = frozenset({"cdi"})
+# Commands whose own commands follow them (``cdi generate``, ``dra deviceclasses``).
+GROUPS = frozenset({"cdi", "dra"})
 _LONG = sorted(name for name in TOP_LEVEL | FLAGS | VALUED if name.startswith("--"))
 
 

@@ -39,6 +39,8 @@ _EXITS = {
     "another's); 2 bad usage or configuration; 130 interrupted",
     "status": "0 every plugin answered; 1 a plugin did not answer, or the dir cannot be read; "
     "2 bad usage; 130 interrupted",
+    "deviceclasses": "0 printed; 2 bad usage or configuration (no dra section, or a resource "
+    "no selector could find)",
     "version": "0",
 }
 
@@ -185,6 +187,20 @@ def build_parser(
         help="also delete specs this config's devplug wrote there before for resources the "
         "host no longer has",
     )
+
+    dra = sub.add_parser(
+        "dra", help="Dynamic Resource Allocation", description="Dynamic Resource Allocation."
+    )
+    dra_sub = dra.add_subparsers(dest="dra_command", required=True, metavar="ACTION")
+    deviceclasses = command(
+        "deviceclasses",
+        "print a DeviceClass for each resource the config serves through DRA, to kubectl apply",
+        dra_sub,
+    )
+    deviceclasses.add_argument(
+        "--config", type=Path, help="YAML config file with a 'dra:' section (env DEVPLUG_CONFIG)"
+    )
+    _output(deviceclasses, ("yaml", "json"), "yaml")
 
     status = command(
         "status", "ask every device plugin in the kubelet dir what it serves (any vendor's)"
