@@ -61,9 +61,10 @@ def test_output_dir_is_written_and_pruned_only_when_asked(
     out.mkdir()
 
     def marked(instance: str) -> str:
-        """A spec as devplug wrote it before it kept records (0.6.0, annotated, compact)."""
+        """A spec whose annotations say a devplug of ``instance`` wrote it: without a record,
+        someone else's file all the same."""
         annotations = {"devplug.io/managed-by": "devplug", "devplug.io/instance": instance}
-        head = {"cdiVersion": "0.6.0", "kind": "gpu.intel.com/old", "annotations": annotations}
+        head = {"cdiVersion": "0.6.0", "kind": "gpu.intel.com/claimed", "annotations": annotations}
         return json.dumps(head, separators=(",", ":"))[:-1] + ',"devices":[]}'
 
     # An earlier run of this command with the same scanner and no config file, for a resource
@@ -71,7 +72,7 @@ def test_output_dir_is_written_and_pruned_only_when_asked(
     gone = b'{"cdiVersion":"0.3.0","kind":"gpu.intel.com/gone","devices":[]}'
     earlier = SpecStore(out, "intel_gpu", config=config_identity(None))
     asyncio.run(earlier.write_all([("gpu.intel.com-gone.json", "gpu.intel.com/gone", gone)]))
-    (out / "gpu.intel.com-old.json").write_text(marked("intel_gpu"))
+    (out / "gpu.intel.com-claimed.json").write_text(marked("intel_gpu"))
     (out / "example.com-theirs.json").write_text(marked("generic"))
     (out / "vendor-foreign.json").write_text('{"kind":"vendor.example/x","devices":[]}')
 
@@ -91,9 +92,9 @@ def test_output_dir_is_written_and_pruned_only_when_asked(
     assert pruned.returncode == 0, pruned.stderr
     assert pruned.stdout.splitlines()[-1].startswith(f"removed {out}/gpu.intel.com-gone.json")
     assert sorted(p.name for p in out.iterdir() if p.name != STATE_DIR) == [
-        "example.com-theirs.json",  # another instance's: left alone
+        "example.com-theirs.json",  # claims another instance: left alone
+        "gpu.intel.com-claimed.json",  # claims this one, without a record: left alone
         "gpu.intel.com-i915.json",
-        "gpu.intel.com-old.json",  # an old devplug's: which config wrote it is not known
         "gpu.intel.com-xe.json",
         "vendor-foreign.json",  # not devplug's: left alone
     ]

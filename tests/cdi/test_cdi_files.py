@@ -32,7 +32,6 @@ from devplug.cdi.ownership import (
     OwnerLock,
     OwnerRecord,
     content_id,
-    legacy_owner,
     owner_alive,
     read_record,
     record_path,
@@ -59,8 +58,9 @@ def spec(pad: int = 0, kind: str = RESOURCE) -> bytes:
     return json.dumps(document, separators=(",", ":")).encode() + b"\n"
 
 
-def legacy_spec(instance: str | None = INSTANCE, resource: str = RESOURCE) -> bytes:
-    """A spec exactly as devplug wrote it before it kept records (compact, 0.6.0, annotated)."""
+def annotated_spec(instance: str | None = INSTANCE, resource: str = RESOURCE) -> bytes:
+    """A spec whose annotations say devplug wrote it: no proof, since anyone can write them
+    (only a record, or exactly the bytes devplug writes now, make a file devplug's)."""
     annotations = {"devplug.io/managed-by": "devplug", "devplug.io/resource": resource}
     if instance is not None:
         annotations["devplug.io/instance"] = instance
@@ -384,8 +384,7 @@ async def test_an_unwritable_dir_raises_and_keeps_the_old_spec(
     [
         FOREIGN,
         b'{"kind":"example.com/serial","annotations":{"vendor.example/owner":"x"}}',
-        # devplug's old owner key with another value.
-        legacy_spec().replace(b'managed-by":"devplug"', b'managed-by":"someone"'),
+        annotated_spec(),  # claims to be devplug's, of this very instance
         b"cdiVersion: 0.6.0\nkind: example.com/serial\n",  # YAML in a .json file
         b"",
         b"\xff\xfe not text",
@@ -396,7 +395,7 @@ async def test_an_unwritable_dir_raises_and_keeps_the_old_spec(
     ids=[
         "json",
         "other-annotations",
-        "other-owner",
+        "claims-devplug",
         "yaml",
         "empty",
         "binary",
@@ -426,40 +425,18 @@ async def test_a_symlink_at_the_spec_name_is_not_followed(
     tmp_path: Path, store_of: StoreFactory
 ) -> None:
     looks_ours = tmp_path / "elsewhere.json"
-    looks_ours.write_bytes(legacy_spec())  # the link points at a file devplug would take over
+    looks_ours.write_bytes(spec(5))  # the link points at exactly the bytes devplug writes
     link = tmp_path / NAME
     link.symlink_to(looks_ours)
     store = await store_of(tmp_path)
     with pytest.raises(ForeignSpecError):
         await store.write(NAME, RESOURCE, spec(5))
-    assert await legacy_owner(link) is None
     assert await store.remove_stale(NAME) is None
-    assert link.is_symlink() and looks_ours.read_bytes() == legacy_spec()
+    assert link.is_symlink() and looks_ours.read_bytes() == spec(5)
     looks_ours.unlink()  # a dangling link is not ours either
     with pytest.raises(ForeignSpecError):
         await store.write(NAME, RESOURCE, spec())
     assert link.is_symlink()
-
-
-async def test_an_old_devplug_spec_is_taken_over_by_its_own_instance_only(
-    tmp_path: Path, store_of: StoreFactory
-) -> None:
-    target = tmp_path / NAME
-    target.write_bytes(legacy_spec(instance="intel_gpu"))
-    other = await store_of(tmp_path, INSTANCE)
-    with pytest.raises(ForeignSpecError, match="earlier devplug of instance 'intel_gpu'"):
-        await other.write(NAME, RESOURCE, spec())
-    assert target.read_bytes() == legacy_spec(instance="intel_gpu")
-    same = await store_of(tmp_path, "intel_gpu")
-    assert (await same.write(NAME, RESOURCE, spec(3))).changed
-    assert target.read_bytes() == spec(3)  # 0.6.0 and annotated before, plain now
-    # An old spec without an instance annotation was written by the default instance.
-    assert await same.remove(NAME)
-    target.write_bytes(legacy_spec(instance=None))
-    assert await legacy_owner(target) is not None
-    default = await store_of(tmp_path, "default")
-    await default.write(NAME, RESOURCE, spec(4))
-    assert target.read_bytes() == spec(4)
 
 
 async def test_a_gone_daemons_spec_is_taken_over_and_identical_content_kept(
@@ -601,8 +578,8 @@ async def test_stale_specs_of_this_instance_are_found_and_removed(
     )
     await earlier.close()
     await theirs.close()  # both gone; each instance cleans up only its own
-    (tmp_path / "example.com-old.json").write_bytes(legacy_spec(resource="example.com/old"))
-    (tmp_path / "example.com-otherold.json").write_bytes(legacy_spec(instance="vfio"))
+    # Files that claim to be this instance's spec, without a record: not candidates.
+    (tmp_path / "example.com-claimed.json").write_bytes(annotated_spec())
     (tmp_path / "vendor-foreign.json").write_bytes(FOREIGN)
     (tmp_path / "vendor.yaml").write_bytes(b"kind: vendor.example/y\n")
     (tmp_path / "dir.json").mkdir()
@@ -614,15 +591,19 @@ async def test_stale_specs_of_this_instance_are_found_and_removed(
     (tmp_path / STATE_DIR / "notes.txt").write_text("hands off")
     store = await store_of(tmp_path, INSTANCE)
     candidates = await store.stale_candidates()
+    assert candidates == [
+        "example.com-gone.json",
+        "example.com-orphan.json",
+        "gpu.intel.com-i915.json",
+    ]
     removed = {name: await store.remove_stale(name) for name in candidates}
     assert {n: r for n, r in removed.items() if r is not None} == {
         "example.com-gone.json": "example.com/gone",
-        "example.com-old.json": "example.com/old",
     }
     assert listing(tmp_path) == sorted(
         [
             "gpu.intel.com-i915.json",
-            "example.com-otherold.json",
+            "example.com-claimed.json",
             "vendor-foreign.json",
             "vendor.yaml",
             "dir.json",
@@ -678,14 +659,14 @@ async def test_write_all_names_every_name_taken_and_leaves_nothing_behind(
 ) -> None:
     names = ["example.com-a.json", "example.com-b.json", "example.com-c.json"]
     (tmp_path / names[0]).write_bytes(FOREIGN)
-    (tmp_path / names[2]).write_bytes(legacy_spec(instance="vfio"))
+    (tmp_path / names[2]).write_bytes(annotated_spec(instance="vfio"))
     generated = SpecStore(tmp_path, INSTANCE)  # `devplug cdi generate`: no lock
     with pytest.raises(SpecConflictsError) as refused:
         await generated.write_all([(n, RESOURCE, spec(i)) for i, n in enumerate(names)])
     message = str(refused.value.strerror)
     assert message.startswith("2 spec files are taken") and "nothing was written" in message
     assert f"{tmp_path / names[0]} exists and was not written by devplug" in message
-    assert f"{tmp_path / names[2]} was written by an earlier devplug of instance 'vfio'" in message
+    assert f"{tmp_path / names[2]} exists and was not written by devplug" in message
     assert len(refused.value.conflicts) == 2 and refused.value.errno == errno.EEXIST
     # Nothing written, nothing made: no spec, no state dir, no lock or mutex file.
     assert sorted(os.listdir(tmp_path)) == [names[0], names[2]]
@@ -700,7 +681,7 @@ async def test_a_generate_prune_takes_only_what_its_own_config_wrote(tmp_path: P
     await dry_run.write_all([("example.com-null.json", "example.com/null", spec(2))])
     daemon_like = SpecStore(tmp_path, INSTANCE)  # no config: a record of a daemon's kind
     await daemon_like.write("example.com-kept.json", "example.com/kept", spec(3))
-    (tmp_path / "example.com-old.json").write_bytes(legacy_spec(resource="example.com/old"))
+    (tmp_path / "example.com-claimed.json").write_bytes(annotated_spec())  # no record
     record = await read_record(tmp_path, "example.com-serial.json")
     assert record is not None and record.config == "/etc/devplug/serial.yaml"
 
@@ -708,17 +689,16 @@ async def test_a_generate_prune_takes_only_what_its_own_config_wrote(tmp_path: P
     assert candidates == [
         "example.com-kept.json",
         "example.com-null.json",
-        "example.com-old.json",
         "example.com-serial.json",
     ]
     # The serial config still makes its resource: everything else is tried, nothing goes.
-    assert [n for n in candidates[:3] if await serial.remove_stale(n) is not None] == []
+    assert [n for n in candidates[:2] if await serial.remove_stale(n) is not None] == []
     # The serial config no longer makes its resource: its own prune takes its spec.
     assert await serial.remove_stale("example.com-serial.json") == RESOURCE
     assert listing(tmp_path) == [
+        "example.com-claimed.json",
         "example.com-kept.json",
         "example.com-null.json",
-        "example.com-old.json",
     ]
 
 

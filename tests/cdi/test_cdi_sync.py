@@ -583,16 +583,13 @@ async def test_a_write_in_progress_at_shutdown_leaves_no_spec_behind(
 # ------------------------------------------------------------------------- start-up
 
 
-def legacy_spec(kind: str, resource: str, instance: str | None, device: str = "old") -> bytes:
-    """A spec exactly as devplug wrote it before it kept records: compact, annotated, 0.6.0."""
-    annotations = {"devplug.io/managed-by": "devplug", "devplug.io/resource": resource}
-    if instance is not None:
-        annotations["devplug.io/instance"] = instance
-    head = json.dumps(
-        {"cdiVersion": "0.6.0", "kind": kind, "annotations": annotations}, separators=(",", ":")
-    ).encode()
-    body = {"name": device, "containerEdits": {"deviceNodes": [{"path": "/dev/old"}]}}
-    return head[:-1] + b',"devices":[' + json.dumps(body).encode() + b"]}\n"
+def claiming_spec(kind: str, instance: str) -> bytes:
+    """A spec whose annotations say a devplug of ``instance`` wrote it: anyone can write that,
+    so without a record it is someone else's file."""
+    annotations = {"devplug.io/managed-by": "devplug", "devplug.io/instance": instance}
+    body = {"name": "old", "containerEdits": {"deviceNodes": [{"path": "/dev/old"}]}}
+    document = {"cdiVersion": "0.6.0", "kind": kind, "annotations": annotations, "devices": [body]}
+    return json.dumps(document, separators=(",", ":")).encode() + b"\n"
 
 
 async def earlier_run(cdi_dir: Path, instance: str, specs: dict[str, bytes]) -> None:
@@ -610,18 +607,12 @@ async def test_start_up_removes_stale_specs_and_leaves_other_writers_files(
     cdi_dir.mkdir()
     gone = b'{"cdiVersion":"0.3.0","kind":"example.com/gone","devices":[]}'
     await earlier_run(cdi_dir, "static", {"example.com-gone.json": gone})
-    # devplug's, from before it kept records: one for a resource the host no longer has, one
-    # for a resource it still has (with other devices), one of another instance.
-    old_gone = cdi_dir / "example.com-oldgone.json"
-    old_gone.write_bytes(legacy_spec("example.com/oldgone", "x.io/oldgone", "static"))
-    earlier = cdi_dir / SERIAL_SPEC
-    earlier.write_bytes(legacy_spec(SERIAL, SERIAL, "static"))
-    theirs_old = legacy_spec("example.com/theirs", "example.com/theirs", "generic")
     # Another devplug instance's spec (other scanners, same dir): not this one's to clean up.
     theirs = b'{"cdiVersion":"0.3.0","kind":"example.com/theirs2","devices":[]}'
     await earlier_run(cdi_dir, "generic", {"example.com-theirs2.json": theirs})
     foreign = {
-        "example.com-theirs.json": theirs_old,
+        # Says it is this instance's spec of a resource the host no longer has: no record.
+        "example.com-claimed.json": claiming_spec("example.com/claimed", "static"),
         "example.com-theirs2.json": theirs,
         "vendor-foreign.json": b'{"kind":"vendor.example/x","devices":[]}',
         "vendor-foreign.yaml": b"kind: vendor.example/y\n",
@@ -647,13 +638,8 @@ async def test_start_up_removes_stale_specs_and_leaves_other_writers_files(
             await eventually(lambda: any(e["event"] == "cdi.temp_files.removed" for e in logs))
 
             assert not (cdi_dir / "example.com-gone.json").exists()
-            assert not old_gone.exists()
             assert not (cdi_dir / f"{TEMP_PREFIX}leftover").exists()
             assert (cdi_dir / f"{TEMP_PREFIX}in-progress").exists()  # too young to be stale
-            # The old 0.6.0 spec of a resource still here is taken over and written anew.
-            rewritten = spec_on_disk(earlier)
-            assert [d["name"] for d in rewritten["devices"]] == ["dev0", "dev1"]
-            assert "annotations" not in rewritten and rewritten["cdiVersion"] == "0.3.0"
             for file_name, content in foreign.items():
                 assert (cdi_dir / file_name).read_bytes() == content
             assert daemon.cdi_catalog.get(OTHER) is None
@@ -663,9 +649,8 @@ async def test_start_up_removes_stale_specs_and_leaves_other_writers_files(
             assert answer.cdi_devices == () and has_device_specs(answer, "dev0")
 
     removed = [e for e in logs if e["event"] == "cdi.spec.removed" and e.get("reason") == "stale"]
-    assert sorted((e["file"], e["resource"]) for e in removed) == [
+    assert [(e["file"], e["resource"]) for e in removed] == [
         ("example.com-gone.json", "example.com/gone"),
-        (old_gone.name, "x.io/oldgone"),
     ]
     assert [e["count"] for e in logs if e["event"] == "cdi.temp_files.removed"] == [1]
     refused = [e for e in logs if e["event"] == "cdi.spec.write_failed"]
@@ -1078,8 +1063,8 @@ async def test_odd_files_in_the_cdi_dir_do_not_stop_the_daemon(
     kubelet: KubeletSimulator, kubelet_dir: Path, cdi_dir: Path
 ) -> None:
     cdi_dir.mkdir()
-    marked = legacy_spec(SERIAL, SERIAL, "static")
-    (cdi_dir / "copy.yaml").write_bytes(marked)  # an old devplug spec under a .yaml name
+    marked = claiming_spec(SERIAL, "static")
+    (cdi_dir / "copy.yaml").write_bytes(marked)  # a spec that says it is ours, as .yaml
     (cdi_dir / "deep.json").write_text("[" * 200_000)  # the JSON parser's recursion limit
     async with running_daemon(
         settings(kubelet_dir, cdi_dir), [StaticScanner({SERIAL: devices(1)})]

@@ -33,7 +33,7 @@ async def remove_leftovers(
     Raises OSError when the dir cannot be used (to be tried again). ``pause`` is awaited
     before each spec's removal (the sync's: it ends the clean-up once the daemon stops). Each
     look through a dir is one worker-thread hop, so that thousands of other writers' files
-    cost little (their names, and the first 4 KiB of their ``*.json`` files).
+    cost little (their names only: candidates come from devplug's records).
     """
     directory = store.directory
     await store.prepare()

@@ -38,7 +38,6 @@ from devplug.cdi.files import (
     ensure_dir,
     fsync_dir,
     read_bounded,
-    read_bounded_now,
     write_atomically,
 )
 from devplug.cdi.stamps import FileStamp, stamp_of
@@ -49,15 +48,8 @@ RECORD_SUFFIX = ".owner"
 RECORD_MODE = 0o600
 LOCK_SUFFIX = ".lock"
 MAX_RECORD_BYTES = 16 * 1024
-# Enough for the head of a spec written by devplug before 0.5 specs (kind, annotations).
-LEGACY_PREFIX_BYTES = 4096
 # Owners are uuid4 hex; anything else in a record is not a lock file name.
 _OWNER = re.compile(r"[0-9a-f]{32}\Z")
-# The ownership annotations devplug wrote into specs before it kept records (cdiVersion 0.6.0).
-LEGACY_OWNER_ANNOTATION = "devplug.io/managed-by"
-LEGACY_RESOURCE_ANNOTATION = "devplug.io/resource"
-LEGACY_INSTANCE_ANNOTATION = "devplug.io/instance"
-LEGACY_DEFAULT_INSTANCE = "default"
 
 _flock = aiofiles.os.wrap(fcntl.flock)
 _open = aiofiles.os.wrap(os.open)
@@ -173,27 +165,11 @@ def _spec_file_name(name: str) -> bool:
 
 def _stale_candidates_now(cdi_dir: Path) -> list[str]:
     try:
-        recorded = {
-            n[: -len(RECORD_SUFFIX)]
-            for n in os.listdir(state_dir(cdi_dir))
-            if n.endswith(RECORD_SUFFIX)
-        }
+        names = os.listdir(state_dir(cdi_dir))
     except OSError:
-        recorded = set()
-    try:
-        names = os.listdir(cdi_dir)
-    except FileNotFoundError:
-        names = []
-    found = {n for n in recorded if _spec_file_name(n)}
-    # Only a name without a record is opened (for an old devplug spec's first 4 KiB).
-    found.update(
-        name
-        for name in names
-        if name not in found
-        and _spec_file_name(name)
-        and legacy_owner_now(cdi_dir / name) is not None
-    )
-    return sorted(found)
+        return []
+    recorded = (n[: -len(RECORD_SUFFIX)] for n in names if n.endswith(RECORD_SUFFIX))
+    return sorted(n for n in recorded if _spec_file_name(n))
 
 
 _stale_candidates = aiofiles.os.wrap(_stale_candidates_now)
@@ -201,9 +177,8 @@ _stale_candidates = aiofiles.os.wrap(_stale_candidates_now)
 
 async def stale_candidates(cdi_dir: Path) -> list[str]:
     """Spec file names in ``cdi_dir`` that may be devplug's from an earlier run: those with a
-    record, and ``*.json`` files without one that are old devplug specs (their first 4 KiB
-    tell). One worker-thread hop, however many files the dir holds: other writers' files
-    must not cost devplug's own specs."""
+    record. One worker-thread hop, however many records the state dir holds; the files of
+    other writers in ``cdi_dir`` are not looked at."""
     found: list[str] = await _stale_candidates(cdi_dir)
     return found
 
@@ -325,42 +300,3 @@ async def remove_dead_locks(cdi_dir: Path) -> int:
     worker-thread hop for the whole state dir, however many files it holds."""
     removed: int = await _remove_dead_locks(cdi_dir)
     return removed
-
-
-@dataclass(frozen=True, slots=True)
-class LegacyOwner:
-    resource: str
-    instance: str
-
-
-def legacy_owner_now(path: Path) -> LegacyOwner | None:
-    """:func:`legacy_owner`, in the calling thread (for a worker thread's batch of files)."""
-    prefix = read_bounded_now(path, LEGACY_PREFIX_BYTES)
-    if prefix is None:
-        return None
-    head, found, _ = prefix.partition(b',"devices":[')
-    if not found:
-        return None
-    try:
-        document = json.loads(head + b"}")
-    except (ValueError, UnicodeDecodeError, RecursionError):
-        return None
-    annotations = document.get("annotations") if isinstance(document, dict) else None
-    if not isinstance(annotations, dict) or annotations.get(LEGACY_OWNER_ANNOTATION) != "devplug":
-        return None
-    resource = annotations.get(LEGACY_RESOURCE_ANNOTATION, "")
-    instance = annotations.get(LEGACY_INSTANCE_ANNOTATION, LEGACY_DEFAULT_INSTANCE)
-    return LegacyOwner(
-        resource if isinstance(resource, str) else "",
-        instance if isinstance(instance, str) else "",
-    )
-
-
-_legacy_owner = aiofiles.os.wrap(legacy_owner_now)
-
-
-async def legacy_owner(path: Path) -> LegacyOwner | None:
-    """The owner of a spec devplug wrote before it kept records (ownership annotations in a
-    0.6.0 spec), read from the file's first few KiB only; None for anything else."""
-    owner: LegacyOwner | None = await _legacy_owner(path)
-    return owner

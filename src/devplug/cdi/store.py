@@ -9,12 +9,12 @@ by mistake). The rules, in :meth:`SpecStore.write`'s order:
   alone, taken over only once that daemon is gone;
 - a name with no file is free; a file whose record names a daemon that is gone, and that
   still holds what that daemon wrote, is taken over (identical content is kept as it is);
-- a spec devplug wrote before it kept records (0.6.0, ownership annotations) is taken over by
-  the same instance;
+- a file that holds exactly the bytes devplug writes for the resource now is devplug's,
+  wherever it came from (copied from another CDI dir, its record lost): kept and recorded;
 - any other file is someone else's (:class:`ForeignSpecError`), never replaced or deleted.
 
-Nothing here parses a file devplug did not write: records are small, foreign specs are at
-most read for their first few KiB (to recognise an old devplug spec).
+Nothing here parses a file devplug did not write: records are small, and a spec file is read
+only when its size is that of a content devplug wrote or writes now.
 """
 
 from __future__ import annotations
@@ -42,7 +42,6 @@ from devplug.cdi.ownership import (
     OwnerLock,
     OwnerRecord,
     content_id,
-    legacy_owner,
     owner_alive,
     read_record,
     record_path,
@@ -265,16 +264,6 @@ class SpecStore:
             # Exactly the bytes devplug writes for this resource now: devplug's spec, wherever
             # it came from (copied from another CDI dir, its record lost). Kept as it is.
             return _Decision((), exclusive=record is None, keep=current)
-        legacy = await legacy_owner(path)
-        if legacy is not None and legacy.instance == self.instance:
-            return _Decision((), exclusive=False)
-        if legacy is not None:
-            raise ForeignSpecError(
-                errno.EEXIST,
-                f"{path} was written by an earlier devplug of instance {legacy.instance!r}; "
-                "that instance takes it over when it runs again: remove the file, or give "
-                "the resource another kind in cdi.kinds",
-            )
         raise ForeignSpecError(
             errno.EEXIST,
             f"{path} exists and was not written by devplug; it is left alone: remove it, or "
@@ -345,13 +334,7 @@ class SpecStore:
         path = self.directory / file_name
         record = await read_record(self.directory, file_name)
         if record is None:
-            if self.config is not None:
-                return None  # which config wrote an old devplug spec is not known
-            legacy = await legacy_owner(path)
-            if legacy is None or legacy.instance != self.instance:
-                return None
-            await remove_file(self.directory, file_name)
-            return legacy.resource
+            return None
         if record.owner == self.owner and self.owner:
             return None  # ours now
         if await owner_alive(self.directory, record.owner):
