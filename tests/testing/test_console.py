@@ -18,6 +18,7 @@ import pytest
 
 from devplug._proto import deviceplugin_v1beta1_pb2 as pb
 from devplug._proto import deviceplugin_v1beta1_pb2_grpc as pb_grpc
+from devplug.kubelet.podresources import Holder, read_pod_resources
 from devplug.kubelet.registration import API_VERSION
 from devplug.model import DeviceInfo, DeviceNode, Health
 from devplug.testing import daemon_settings, running_daemon
@@ -61,7 +62,7 @@ class Child:
 
 @pytest.fixture
 async def console(kubelet_dir: Path, request: pytest.FixtureRequest) -> AsyncIterator[Child]:
-    output = getattr(request, "param", "text")
+    output, *options = getattr(request, "param", "text").split()
     process = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
@@ -70,6 +71,7 @@ async def console(kubelet_dir: Path, request: pytest.FixtureRequest) -> AsyncIte
         str(kubelet_dir),
         "-o",
         output,
+        *options,
         stdin=asyncio.subprocess.PIPE,
         stdout=asyncio.subprocess.PIPE,
     )
@@ -121,6 +123,8 @@ async def test_json_lines_for_programs(console: Child, kubelet_dir: Path) -> Non
         await console.send(f"allocate {SERIAL} ttyUSB0")
         answer = json.loads(await console.line_starting('{"event": "allocate"'))
         assert answer["nodes"][0]["host_path"] == "/dev/null"
+        holder = (answer["namespace"], answer["pod"], answer["container"])
+        assert holder == ("default", "pod-1", "main")
     console.process.send_signal(signal.SIGINT)
     assert await console.process.wait() == 0
 
@@ -243,7 +247,8 @@ async def test_plugin_text_is_printed_escaped(console: Child, kubelet_dir: Path)
         assert await next_line() == f"error: INTERNAL: {shown('broken' + FORGED)}"
         await console.send(f"allocate {HOSTILE} d0")
         assert await next_line() == (
-            f"{HOSTILE}: allocated; nodes {shown('/dev/x' + ESC)}:rw; env X={shown('1' + FORGED)}"
+            f"{HOSTILE}: allocated to default/pod-1/main; nodes {shown('/dev/x' + ESC)}:rw; "
+            f"env X={shown('1' + FORGED)}"
         )
         await console.send(f"preferred {HOSTILE} 1")
         assert await next_line() == f"{HOSTILE}: preferred {shown(PREFERRED)}"
@@ -253,3 +258,48 @@ async def test_plugin_text_is_printed_escaped(console: Child, kubelet_dir: Path)
         await server.stop(None)
     assert not any(line.startswith("registered example.com/fake") for line in seen)
     assert not any(char in line for line in seen for char in "\x1b\r")
+
+
+async def test_pods_are_allocated_listed_pinned_and_released_through_the_api(
+    console: Child, kubelet_dir: Path
+) -> None:
+    pod_socket = kubelet_dir.parent / "pod-resources" / "kubelet.sock"
+    assert (await console.line()).startswith(
+        f"kubelet: serving {kubelet_dir / 'kubelet.sock'} and {pod_socket}; waiting for plugins"
+    )
+    async with running_daemon(daemon_settings(kubelet_dir), [scanner()]):
+        await console.line_starting(f"{SERIAL}: 2 devices")
+        await console.send(f"allocate {SERIAL} ttyUSB0 --pod web/front --container=app")
+        assert (await console.line_starting(f"{SERIAL}: allocated")).startswith(
+            f"{SERIAL}: allocated to web/front/app; nodes /dev/null:rw"
+        )
+        view = await read_pod_resources(pod_socket)
+        assert view.holders(SERIAL, "ttyUSB0") == (Holder("web", "front", "app"),)
+        assert view.allocatable == {SERIAL: frozenset({"ttyUSB0"})}  # ttyUSB1 is unhealthy
+        await console.send(f"allocate {SERIAL} ttyUSB0")
+        assert "ttyUSB0 is in use by web/front/app" in await console.line_starting("error")
+        await console.send(f"allocate {SERIAL} ttyUSB0 --pod")
+        assert await console.line_starting("error") == "error: --pod needs a value"
+        await console.send("pods")
+        assert await console.line_starting("web/") == f"web/front/app: {SERIAL} ttyUSB0"
+        await console.send(f"pin {SERIAL}")
+        assert await console.line_starting(f"{SERIAL}: allocatable") == (
+            f"{SERIAL}: allocatable pinned to none"
+        )
+        assert (await read_pod_resources(pod_socket)).allocatable == {}  # none: no entry
+        await console.send(f"unpin {SERIAL}")
+        await console.line_starting(f"{SERIAL}: allocatable follows its lists again")
+        await console.send("release web/front")
+        assert await console.line_starting("released") == f"released web/front ({SERIAL}: ttyUSB0)"
+        assert (await read_pod_resources(pod_socket)).held == {}
+        await console.send("pods")
+        assert await console.line_starting("pods") == "pods: none hold devices"
+
+
+@pytest.mark.parametrize("console", ["json --no-pod-resources"], indirect=True)
+async def test_without_the_pod_resources_api_no_socket_is_served(
+    console: Child, kubelet_dir: Path
+) -> None:
+    serving = json.loads(await console.line())
+    assert serving["event"] == "serving" and serving["pod_resources_socket"] is None
+    assert not (kubelet_dir.parent / "pod-resources").exists()

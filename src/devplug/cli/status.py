@@ -6,13 +6,17 @@ resource it serves (the plugin told the kubelet in Register), so the resource is
 for devplug's own sockets, whose names spell it (``devplug-<domain>_<name>.sock``). What a
 plugin that did not answer holds is unknown: its counts are None (null), never 0.
 
+With ``--pods`` (:mod:`devplug.cli.holders`) it also reads the kubelet's pod resources API
+and lists each device of devplug's resources with the containers that hold it.
+
 Nor does a socket say whether its plugin is registered. What status can see is the kubelet's
 own socket: without a kubelet listening on ``kubelet.sock`` no plugin can be registered, so a
 plugin that answers is then "serving, waiting for the kubelet". (devplug's ``/readyz`` tells
 whether each of its resources is registered.)
 
 :func:`status_command` is ``devplug status``: a table, JSON or YAML on stdout, and exit status
-1 when a plugin did not answer (scripts and probes read it).
+1 when a plugin did not answer, or with ``--pods`` when the pod resources API did not (scripts
+and probes read it).
 """
 
 from __future__ import annotations
@@ -27,6 +31,15 @@ from collections import Counter
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from devplug.cli.holders import (
+    Listed,
+    PodsStatus,
+    allocatable_document,
+    device_document,
+    devices_table,
+    join,
+    read_holders,
+)
 from devplug.logconfig import quiet_grpc_core
 from devplug.naming import resource_name_problem
 
@@ -73,6 +86,7 @@ class PluginStatus:
     preferred_allocation: bool | None = None
     pre_start: bool | None = None
     error: str | None = None  # why the probe failed
+    devices: tuple[Listed, ...] | None = None  # its first list (None: it did not answer)
 
     def state(self, kubelet: KubeletStatus) -> str:
         if self.error is not None:
@@ -141,6 +155,9 @@ async def probe(path: Path, timeout: float = PROBE_TIMEOUT_S) -> PluginStatus:
             numa_nodes=tuple(numa),
             preferred_allocation=options.get_preferred_allocation_available,
             pre_start=options.pre_start_required,
+            devices=tuple(
+                Listed(d.ID, d.health, tuple(n.ID for n in d.topology.nodes)) for d in first.devices
+            ),
         )
     except grpc.aio.AioRpcError as exc:
         return PluginStatus(name, resource, error=f"{exc.code().name}: {exc.details()}")
@@ -190,10 +207,18 @@ async def survey(
     return kubelet, plugins
 
 
-def status_command(kubelet_dir: Path | None, output: str, timeout: float) -> int:
+def status_command(
+    kubelet_dir: Path | None,
+    output: str,
+    timeout: float,
+    *,
+    pods: bool = False,
+    pod_resources_socket: Path | None = None,
+) -> int:
     """``devplug status``: 0 when every plugin answered, 1 when one did not or the dir cannot
-    be read."""
+    be read, or (``pods``) the pod resources API did not answer."""
     from devplug.config import DEFAULT_KUBELET_DIR
+    from devplug.kubelet.podresources import default_socket
 
     quiet_grpc_core()  # before grpc loads (in probe)
     source = "--kubelet-dir"
@@ -204,22 +229,23 @@ def status_command(kubelet_dir: Path | None, output: str, timeout: float) -> int
     if kubelet_dir.exists() and not kubelet_dir.is_dir():
         print(f"devplug: {source}: {kubelet_dir} is not a directory", file=sys.stderr)
         return 2
+    socket = pod_resources_socket or default_socket(kubelet_dir.absolute())
     try:
-        kubelet, plugins = asyncio.run(survey(kubelet_dir, timeout))
+        kubelet, plugins, holders = asyncio.run(survey_all(kubelet_dir, timeout, socket, pods))
     except OSError as exc:
         print(f"devplug: cannot read {kubelet_dir}: {exc.strerror or exc}", file=sys.stderr)
         return 1
     failed = any(plugin.error is not None for plugin in plugins)
+    failed |= holders is not None and not holders.available
     if output in ("json", "yaml"):
-        listed = [
-            {
-                **asdict(p),
-                "numa_nodes": None if p.numa_nodes is None else list(p.numa_nodes),
-                "state": p.state(kubelet),
-            }
-            for p in plugins
-        ]
-        document = {"kubelet_dir": str(kubelet_dir), "kubelet": asdict(kubelet), "plugins": listed}
+        listed = [plugin_document(p, kubelet, holders) for p in plugins]
+        document: dict[str, object] = {
+            "kubelet_dir": str(kubelet_dir),
+            "kubelet": asdict(kubelet),
+            "plugins": listed,
+        }
+        if holders is not None:
+            document["pod_resources"] = holders.document()
         if output == "json":
             sys.stdout.write(json.dumps(document, indent=2) + "\n")
         else:
@@ -229,30 +255,70 @@ def status_command(kubelet_dir: Path | None, output: str, timeout: float) -> int
     elif not plugins:
         print(f"no device plugin sockets in {kubelet_dir}")
         print(kubelet.describe())
+        if holders is not None:
+            print(holders.describe())
     else:
-        sys.stdout.write(status_table(plugins, kubelet))
+        sys.stdout.write(status_table(plugins, kubelet, holders))
+        if holders is not None:
+            sys.stdout.write("\n" + devices_table(holders))
     return 1 if failed else 0
+
+
+async def survey_all(
+    kubelet_dir: Path, timeout: float, socket: Path, pods: bool
+) -> tuple[KubeletStatus, list[PluginStatus], PodsStatus | None]:
+    """The survey, and with ``pods`` the pod resources API read beside it."""
+    if not pods:
+        kubelet, plugins = await survey(kubelet_dir, timeout)
+        return kubelet, plugins, None
+    (kubelet, plugins), reading = await asyncio.gather(
+        survey(kubelet_dir, timeout), read_holders(socket, timeout)
+    )
+    served = {p.resource: p.devices for p in plugins if p.resource and p.devices is not None}
+    return kubelet, plugins, join(socket, reading, served)
+
+
+def plugin_document(
+    plugin: PluginStatus, kubelet: KubeletStatus, holders: PodsStatus | None
+) -> dict[str, object]:
+    """A plugin in JSON/YAML; with ``--pods``, devplug's also with its devices and holders."""
+    document = asdict(plugin)
+    del document["devices"]
+    document["numa_nodes"] = None if plugin.numa_nodes is None else list(plugin.numa_nodes)
+    document["state"] = plugin.state(kubelet)
+    if holders is not None:
+        mine = [device_document(r) for r in holders.devices if r.resource == plugin.resource]
+        check = holders.allocatable.get(plugin.resource or "")
+        document["devices"] = mine if plugin.resource and plugin.devices is not None else None
+        document["allocatable"] = None if check is None else allocatable_document(check)
+    return document
 
 
 UNKNOWN = "unknown"
 
 
-def status_table(plugins: list[PluginStatus], kubelet: KubeletStatus) -> str:
+def status_table(
+    plugins: list[PluginStatus], kubelet: KubeletStatus, holders: PodsStatus | None = None
+) -> str:
     """One row per plugin, then a line about the kubelet. A count nobody answered for is
-    ``unknown``; ``-`` is an answer (no NUMA node, no resource name in the socket's)."""
-    rows = [("SOCKET", "RESOURCE", "HEALTHY", "UNHEALTHY", "NUMA", "STATUS")]
+    ``unknown``; ``-`` is an answer (no NUMA node, no resource name in the socket's). With
+    ``holders`` (``--pods``), an ALLOCATABLE column: the kubelet's allocatable set of the
+    resource against the devices the plugin lists Healthy."""
+    header = ["SOCKET", "RESOURCE", "HEALTHY", "UNHEALTHY", "NUMA"]
+    rows = [[*header, "ALLOCATABLE", "STATUS"] if holders else [*header, "STATUS"]]
     for plugin in plugins:
         numa = plugin.numa_nodes
-        rows.append(
-            (
-                plugin.socket,
-                plugin.resource or "-",
-                UNKNOWN if plugin.healthy is None else str(plugin.healthy),
-                UNKNOWN if plugin.unhealthy is None else str(plugin.unhealthy),
-                UNKNOWN if numa is None else ",".join(map(str, numa)) or "-",
-                plugin.error or plugin.state(kubelet),
-            )
-        )
+        row = [
+            plugin.socket,
+            plugin.resource or "-",
+            UNKNOWN if plugin.healthy is None else str(plugin.healthy),
+            UNKNOWN if plugin.unhealthy is None else str(plugin.unhealthy),
+            UNKNOWN if numa is None else ",".join(map(str, numa)) or "-",
+        ]
+        if holders is not None:
+            check = holders.allocatable.get(plugin.resource or "")
+            row.append("-" if check is None else check.describe())
+        rows.append([*row, plugin.error or plugin.state(kubelet)])
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]) - 1)]
     lines = []
     for row in rows:

@@ -1,15 +1,23 @@
 """``python -m devplug.testing kubelet DIR``: a kubelet stand-in to try ``devplug run`` against
 (and ``mock-host``, see :mod:`devplug.testing.mockhost`).
 
-It serves a :class:`~devplug.testing.KubeletSimulator` in DIR and prints, one line each, every
-registration (accepted or refused, with the plugin's options) and every list a plugin sends.
-Lines typed on stdin ask what the kubelet would ask:
+It serves a :class:`~devplug.testing.KubeletSimulator` in DIR, and the kubelet's pod
+resources API beside it (``DIR/../pod-resources/kubelet.sock``, unless
+``--no-pod-resources``), and prints, one line each, every registration (accepted or refused,
+with the plugin's options) and every list a plugin sends. Lines typed on stdin ask what the
+kubelet would ask:
 
-- ``allocate RESOURCE ID [ID ...]``: Allocate for one container; prints the answer;
+- ``allocate RESOURCE ID [ID ...] [--pod NS/NAME] [--container NAME]``: Allocate for one
+  container of a pod (default: a new ``default/pod-<n>``, container ``main``); prints the
+  answer; the pod resources API lists the allocation from then on;
+- ``release NS/NAME``: the pod ended; its devices are free again;
+- ``pods``: what the pod resources API lists, one line per container;
+- ``pin RESOURCE [ID ...]``, ``unpin RESOURCE``: GetAllocatableResources answers these ids
+  for RESOURCE whatever its plugin lists (a kubelet out of step), or follows the lists again;
 - ``preferred RESOURCE SIZE [MUST_INCLUDE ...]``: GetPreferredAllocation over every listed id;
 - ``list``: the latest list of every registered resource;
-- ``restart``: what a kubelet restart does to DIR (plugins re-register);
-- ``help``; ``quit`` (or SIGINT/SIGTERM) stops and removes ``kubelet.sock``.
+- ``restart``: what a kubelet restart does to DIR (plugins re-register; allocations stay);
+- ``help``; ``quit`` (or SIGINT/SIGTERM) stops and removes the sockets.
 
 ``--output json`` prints each line as a JSON object instead, for programs.
 
@@ -32,6 +40,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from devplug.model import ContainerAllocation
+from devplug.testing.podresources import DEFAULT_CONTAINER, PodAllocation
 from devplug.testing.simulator import (
     KubeletSimulator,
     ListedDevice,
@@ -41,7 +50,9 @@ from devplug.testing.simulator import (
 )
 
 COMMANDS = (
-    "allocate RESOURCE ID [ID ...] | preferred RESOURCE SIZE [ID ...] | list | restart | quit"
+    "allocate RESOURCE ID [ID ...] [--pod NS/NAME] [--container NAME] | release NS/NAME | "
+    "pods | pin RESOURCE [ID ...] | unpin RESOURCE | preferred RESOURCE SIZE [ID ...] | list | "
+    "restart | quit"
 )
 READ_CHUNK_BYTES = 64 * 1024
 
@@ -139,6 +150,10 @@ class Console:
         verb, args = words[0], words[1:]
         handlers: dict[str, Callable[[Sequence[str]], Any]] = {
             "allocate": self._allocate,
+            "release": self._release,
+            "pods": self._pods,
+            "pin": self._pin,
+            "unpin": self._unpin,
             "preferred": self._preferred,
             "list": self._list,
             "restart": self._restart,
@@ -171,10 +186,57 @@ class Console:
         return session
 
     async def _allocate(self, args: Sequence[str]) -> None:
-        if len(args) < 2:
-            raise ValueError("allocate RESOURCE ID [ID ...]")
-        (answer,) = await self._session(args[0]).allocate(list(args[1:]))
-        self.emit(_allocation_text(args[0], answer), event="allocate", **_allocation(answer))
+        words, options = _options(args, ("--pod", "--container"))
+        if len(words) < 2:
+            raise ValueError("allocate RESOURCE ID [ID ...] [--pod NS/NAME] [--container NAME]")
+        made = await self.kubelet.allocate(
+            words[0],
+            words[1:],
+            pod=options.get("--pod"),
+            container=options.get("--container", DEFAULT_CONTAINER),
+        )
+        self.emit(_allocation_text(made), event="allocate", **_allocation(made))
+
+    def _release(self, args: Sequence[str]) -> None:
+        if len(args) != 1:
+            raise ValueError("release NS/NAME")
+        freed = self.kubelet.release(args[0])
+        held = "; ".join(f"{r}: {' '.join(ids)}" for r, ids in sorted(freed.items()))
+        self.emit(f"released {args[0]} ({held})", event="release", pod=args[0], devices=freed)
+
+    def _pods(self, args: Sequence[str]) -> None:
+        containers = [
+            (f"{namespace}/{pod}/{container}", resources)
+            for (namespace, pod), held in self.kubelet.pods.pods.items()
+            for container, resources in held.items()
+        ]
+        if not containers:
+            self.emit("pods: none hold devices", event="pods", containers=[])
+            return
+        for name, resources in containers:
+            devices = {r: list(ids) for r, ids in resources.items()}
+            text = "; ".join(f"{r} {' '.join(ids)}" for r, ids in devices.items())
+            self.emit(f"{name}: {text}", event="pod", container=name, devices=devices)
+
+    def _pin(self, args: Sequence[str]) -> None:
+        if not args:
+            raise ValueError("pin RESOURCE [ID ...]")
+        self.kubelet.pin_allocatable(args[0], args[1:])
+        ids = " ".join(args[1:]) or "none"
+        self.emit(
+            f"{args[0]}: allocatable pinned to {ids}",
+            event="pin",
+            resource=args[0],
+            ids=list(args[1:]),
+        )
+
+    def _unpin(self, args: Sequence[str]) -> None:
+        if len(args) != 1:
+            raise ValueError("unpin RESOURCE")
+        self.kubelet.pin_allocatable(args[0], None)
+        self.emit(
+            f"{args[0]}: allocatable follows its lists again", event="unpin", resource=args[0]
+        )
 
     async def _preferred(self, args: Sequence[str]) -> None:
         if len(args) < 2 or not args[1].isdigit():
@@ -224,8 +286,33 @@ def _yes(flag: bool) -> str:
     return "yes" if flag else "no"
 
 
-def _allocation(answer: ContainerAllocation) -> dict[str, Any]:
+def _options(args: Sequence[str], names: Sequence[str]) -> tuple[list[str], dict[str, str]]:
+    """The words of a command, and the value of each option in ``names`` (``--pod X`` or
+    ``--pod=X``) wherever it stands."""
+    words: list[str] = []
+    options: dict[str, str] = {}
+    rest = iter(args)
+    for word in rest:
+        name, equals, value = word.partition("=")
+        if name not in names:
+            words.append(word)
+            continue
+        if not equals:
+            value = next(rest, "")
+        if not value:
+            raise ValueError(f"{name} needs a value")
+        options[name] = value
+    return words, options
+
+
+def _allocation(made: PodAllocation) -> dict[str, Any]:
+    answer = made.answer
     return {
+        "resource": made.resource,
+        "ids": list(made.ids),
+        "namespace": made.holder.namespace,
+        "pod": made.holder.pod,
+        "container": made.holder.container,
         "nodes": [
             {
                 "host_path": n.host_path,
@@ -244,8 +331,9 @@ def _allocation(answer: ContainerAllocation) -> dict[str, Any]:
     }
 
 
-def _allocation_text(resource: str, answer: ContainerAllocation) -> str:
-    parts = [f"{resource}: allocated"]
+def _allocation_text(made: PodAllocation) -> str:
+    answer: ContainerAllocation = made.answer
+    parts = [f"{made.resource}: allocated to {made.holder}"]
     if answer.nodes:
         parts.append("nodes " + " ".join(f"{n.host_path}:{n.permissions}" for n in answer.nodes))
     if answer.mounts:
@@ -284,16 +372,20 @@ async def _read_lines(console: Console) -> None:
         await console.run_command(b"".join(partial).decode(errors="replace"))
 
 
-async def serve_console(directory: Path, output: str) -> None:
-    async with KubeletSimulator(directory) as kubelet:
+async def serve_console(directory: Path, output: str, pod_resources: bool = True) -> None:
+    async with KubeletSimulator(directory, pod_resources=pod_resources) as kubelet:
         console = Console(kubelet, output)
         loop = asyncio.get_running_loop()
         for signum in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(signum, console.stopped.set)
+        lister = kubelet.pod_resources_socket
+        also = "" if lister is None else f" and {lister}"
         console.emit(
-            f"kubelet: serving {kubelet.socket_path}; waiting for plugins ({COMMANDS})",
+            f"kubelet: serving {kubelet.socket_path}{also}; waiting for plugins "
+            "(type 'help' for the commands)",
             event="serving",
             socket=str(kubelet.socket_path),
+            pod_resources_socket=None if lister is None else str(lister),
         )
         tasks = [
             asyncio.create_task(console.follow_registrations(), name="console-registrations"),
@@ -329,6 +421,12 @@ def build_parser() -> argparse.ArgumentParser:
     kubelet.add_argument(
         "-o", "--output", choices=("text", "json"), default="text", help="default text"
     )
+    kubelet.add_argument(
+        "--no-pod-resources",
+        action="store_true",
+        help="do not serve the pod resources API (DIR/../pod-resources/kubelet.sock), as an "
+        "old kubelet, or a pod without its mount",
+    )
     mock = sub.add_parser(
         "mock-host",
         help="build a umockdev mock host in DIR (run programs with UMOCKDEV_DIR=DIR "
@@ -355,5 +453,5 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 1
         print(f"UMOCKDEV_DIR={directory}")
         return 0
-    asyncio.run(serve_console(args.dir.absolute(), args.output))
+    asyncio.run(serve_console(args.dir.absolute(), args.output, not args.no_pod_resources))
     return 0

@@ -12,6 +12,11 @@ and records every list. :meth:`KubeletSimulator.restart` does what a kubelet res
 the dir: its socket goes, every socket file but the checkpoint is deleted, ``kubelet.sock``
 comes back.
 
+It also serves the kubelet's pod resources API beside the dir
+(``<dir>/../pod-resources/kubelet.sock``, see :mod:`devplug.testing.podresources`), fed by
+:meth:`KubeletSimulator.allocate`: each allocation belongs to a pod's container, and is
+listed until :meth:`KubeletSimulator.release` ends the pod.
+
 Plugin authors: see docs/writing-a-scanner.md, which tests a scanner with it.
 """
 
@@ -33,11 +38,19 @@ import grpc
 
 from devplug._proto import deviceplugin_v1beta1_pb2 as pb
 from devplug._proto import deviceplugin_v1beta1_pb2_grpc as pb_grpc
+from devplug.kubelet.podresources import default_socket
 from devplug.kubelet.registration import API_VERSION, CHECKPOINT_FILE, KUBELET_SOCKET
 from devplug.kubelet.wire import container_allocation
 from devplug.model import ContainerAllocation
 from devplug.naming import resource_name_problem
 from devplug.testing.daemon_log import daemon_note
+from devplug.testing.podresources import (
+    DEFAULT_CONTAINER,
+    PodAllocation,
+    PodBook,
+    PodResourcesGates,
+    PodResourcesStandIn,
+)
 from devplug.testing.waiting import describe_callable, waiting_for
 
 T = TypeVar("T")
@@ -259,13 +272,30 @@ class _Registration(pb_grpc.RegistrationServicer):
 
 
 class KubeletSimulator:
-    """Serve Registration in ``directory``; use ``async with KubeletSimulator(dir) as kubelet``."""
+    """Serve Registration in ``directory``; use ``async with KubeletSimulator(dir) as kubelet``.
 
-    def __init__(self, directory: Path, *, dial_timeout: float = DIAL_TIMEOUT_S) -> None:
+    The pod resources API is served on ``pod_resources_socket`` (default: beside the dir, where
+    the kubelet serves it); ``pod_resources=False`` plays a kubelet without it (or a pod
+    without its mount); ``gates`` plays a kubelet with some of its methods off.
+    """
+
+    def __init__(
+        self,
+        directory: Path,
+        *,
+        dial_timeout: float = DIAL_TIMEOUT_S,
+        pod_resources: bool = True,
+        pod_resources_socket: Path | None = None,
+        gates: PodResourcesGates = PodResourcesGates(),  # noqa: B008 - frozen, shared safely
+    ) -> None:
         self.directory = Path(directory)
         self.dial_timeout = dial_timeout
         self.socket_path = self.directory / KUBELET_SOCKET
         self.checkpoint_path = self.directory / CHECKPOINT_FILE
+        self.pod_resources = PodResourcesStandIn(
+            pod_resources_socket or default_socket(self.directory), lambda: self.sessions, gates
+        )
+        self._serve_pod_resources = pod_resources
         self.registrations: list[Registration] = []
         self.sessions: dict[str, PluginSession] = {}
         self.generation = 0
@@ -298,12 +328,16 @@ class KubeletSimulator:
         self._server = server
         # When kubelet.sock came (back): the start of a restart's re-registration clock.
         self.serving_since = time.perf_counter()
+        if self._serve_pod_resources:
+            await self.pod_resources.start()
 
     async def stop(self) -> None:
-        """Stop serving and drop every plugin connection (kubelet.sock is removed)."""
+        """Stop serving and drop every plugin connection (kubelet.sock is removed, and the
+        pod resources socket)."""
         server, self._server = self._server, None
         if server is not None:
             await server.stop(None)
+        await self.pod_resources.stop()
         sessions = [*self.sessions.values(), *self._retired]
         self.sessions = {}
         self._retired = []
@@ -320,6 +354,43 @@ class KubeletSimulator:
                     os.unlink(entry.path)
         self.generation += 1
         await self.start()
+
+    # ------------------------------------------------------------------ pods and their devices
+
+    @property
+    def pod_resources_socket(self) -> Path | None:
+        """Where the pod resources API is served (None: it is not)."""
+        return self.pod_resources.socket if self._serve_pod_resources else None
+
+    @property
+    def pods(self) -> PodBook:
+        """The allocations the pod resources API lists."""
+        return self.pod_resources.book
+
+    async def allocate(
+        self,
+        resource: str,
+        ids: Sequence[str],
+        *,
+        pod: str | None = None,
+        container: str = DEFAULT_CONTAINER,
+    ) -> PodAllocation:
+        """Allocate ``ids`` of ``resource`` for one container of ``pod`` (``NAMESPACE/NAME``;
+        default a new ``default/pod-<n>``), as the kubelet admits a pod: ids another container
+        holds are refused here (ValueError), as the kubelet never picks them; the rest go to
+        the plugin (its refusal raises SimulatorRpcError). Once the plugin has answered, the
+        pod resources API lists the allocation, with the NUMA nodes the plugin listed."""
+        return await self.pod_resources.allocate(resource, ids, pod, container)
+
+    def release(self, pod: str) -> dict[str, list[str]]:
+        """The pod (``NAMESPACE/NAME``) ended: its devices leave the pod resources API. Returns
+        them by resource; LookupError for a pod that holds nothing."""
+        return self.pod_resources.release(pod)
+
+    def pin_allocatable(self, resource: str, ids: Sequence[str] | None) -> None:
+        """Make GetAllocatableResources answer ``ids`` for ``resource`` whatever its plugin
+        lists, as a kubelet whose view went stale would (None: follow the lists again)."""
+        self.pod_resources.pin(resource, ids)
 
     async def _admit(self, request: pb.RegisterRequest) -> str | None:
         error = self._check(request)
