@@ -458,10 +458,15 @@ async def test_a_device_the_validator_refuses_is_left_out_and_the_rest_published
         kube = load_api_client({"KUBECONFIG": str(api.write_kubeconfig(tmp_path / "k"))})
         try:
             with capture_logs() as logs:
-                async with publishing(kube, LatestValue(tree(range(200))), validator=rule) as p:
+                trees: Trees = LatestValue(tree(range(130)))
+                async with publishing(kube, trees, validator=rule) as p:
+                    await api.wait_for(complete_with(names(range(130))), what="first publish")
+                    trees.set(tree(range(200)))  # the odd device comes, in the second slice
                     expected = names(range(200)) - {odd}
                     await api.wait_for(complete_with(expected), what="the others published")
-                    pool = await p.published.wait_for(lambda value: value is not None, 5)
+                    pool = await p.published.wait_for(
+                        lambda v: v is not None and v.generation == 2, 5
+                    )
                     assert pool is not None and odd not in pool.devices
                     assert p.stats.left_out == 1 and p.stats.rejected == 0
             refused = [e for e in logs if e["event"] == "dra.slices.device.refused"]

@@ -66,7 +66,7 @@ from devplug.dra.apiclient import (
     UnsentFieldsError,
 )
 from devplug.dra.naming import pool_name, validate_driver_name
-from devplug.dra.screening import Screened, SliceValidator, screen_slices
+from devplug.dra.screening import Screened, SliceScreen, SliceValidator
 from devplug.dra.slicediff import Published, SlicePlan, Update, normalised, plan_slices
 from devplug.dra.slicemirror import ApiOutage, SliceMirror, api_is_down
 from devplug.dra.slices import Omission, Pool, build_pool
@@ -146,7 +146,7 @@ class SlicePublisher:
         self._driver = validate_driver_name(driver)
         self._resources = None if resources is None else frozenset(resources)
         self._timing = timing or PublishTiming()
-        self._validator = validator
+        self._screen = SliceScreen(validator)
         self._outage = ApiOutage()
         self._wake = asyncio.Event()
         self._mirror = SliceMirror(
@@ -299,7 +299,7 @@ class SlicePublisher:
                 resources=wanted,
                 node_uid=self._node_uid,
             )
-            desired = _Desired(pool, screen_slices(pool.slices, self._validator))
+            desired = _Desired(pool, self._screen(pool.slices))
             self._built = (basis, desired)
         hold = {name for name, _ in desired.screened.unsendable}
         return desired, plan_slices(desired.screened.slices, stored, last, hold=hold)

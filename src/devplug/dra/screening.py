@@ -6,6 +6,8 @@ runs the validator (by default :func:`devplug.dra.validate.validate_resource_sli
 mirror of the API server's rules) on each slice; the devices its errors point at
 (``spec.devices[<i>]...``) leave the slice, which is checked again without them. A slice
 still refused for something that is not a device's (its metadata or spec) is not sent at all.
+:class:`SliceScreen` does the same and keeps each slice's verdict, so that a pass checks
+again only the slices that changed.
 :func:`~devplug.dra.slices.build_pool` already leaves out what it knows to be refused (bad
 attributes, name collisions); this catches what it does not (a rule of the validator that the
 builder does not know, a newer limit).
@@ -41,20 +43,43 @@ class Screened:
 
 
 def screen_slices(slices: Sequence[JsonObject], validator: SliceValidator) -> Screened:
-    kept: list[JsonObject] = []
-    refused: list[RefusedDevice] = []
-    unsendable: list[tuple[str, tuple[str, ...]]] = []
-    for obj in slices:
+    return SliceScreen(validator)(slices)
+
+
+class SliceScreen:
+    """:func:`screen_slices` that remembers each slice's verdict by name and checks again
+    only a slice that changed (a hotplug at the end of the pool changes one slice of eight)."""
+
+    def __init__(self, validator: SliceValidator) -> None:
+        self._validator = validator
+        self._seen: dict[str, tuple[JsonObject, Screened]] = {}
+
+    def __call__(self, slices: Sequence[JsonObject]) -> Screened:
+        kept: list[JsonObject] = []
+        refused: list[RefusedDevice] = []
+        unsendable: list[tuple[str, tuple[str, ...]]] = []
+        seen: dict[str, tuple[JsonObject, Screened]] = {}
+        for obj in slices:
+            name = obj["metadata"]["name"]
+            earlier = self._seen.get(name)
+            verdict = earlier[1] if earlier is not None and earlier[0] == obj else self._one(obj)
+            seen[name] = (obj, verdict)
+            kept.extend(verdict.slices)
+            refused.extend(verdict.refused)
+            unsendable.extend(verdict.unsendable)
+        self._seen = seen
+        return Screened(tuple(kept), tuple(refused), tuple(unsendable))
+
+    def _one(self, obj: JsonObject) -> Screened:
         name = obj["metadata"]["name"]
-        errors = validator(obj)
-        if errors:
-            obj, dropped = _without_refused_devices(obj, errors)
-            refused.extend(RefusedDevice(name, device, problems) for device, problems in dropped)
-            errors = validator(obj) if dropped else errors
-            if errors:
-                unsendable.append((name, tuple(str(error) for error in errors)))
-        kept.append(obj)
-    return Screened(tuple(kept), tuple(refused), tuple(unsendable))
+        errors = self._validator(obj)
+        if not errors:
+            return Screened((obj,))
+        obj, dropped = _without_refused_devices(obj, errors)
+        refused = tuple(RefusedDevice(name, device, problems) for device, problems in dropped)
+        errors = self._validator(obj) if dropped else errors
+        unsendable = ((name, tuple(str(error) for error in errors)),) if errors else ()
+        return Screened((obj,), refused, unsendable)
 
 
 def _without_refused_devices(

@@ -60,17 +60,24 @@ def generation(obj: Mapping[str, Any]) -> int:
     return value if isinstance(value, int) and not isinstance(value, bool) else 0
 
 
-def content(obj: Mapping[str, Any]) -> Any:
-    """A slice's spec as consumers see it, less the pool generation."""
-    spec = normalised(obj.get("spec", {}))
+def content(obj: Mapping[str, Any]) -> dict[str, Any]:
+    """A slice's spec as consumers see it, less the pool generation (a shallow copy: compare
+    it with :func:`same`)."""
+    spec = dict(obj.get("spec") or {})
     pool = spec.get("pool")
-    if isinstance(pool, dict):
+    if isinstance(pool, Mapping):
         spec["pool"] = {key: value for key, value in pool.items() if key != "generation"}
     return spec
 
 
+def same(a: Any, b: Any) -> bool:
+    """Equal as the API server stores them: equal outright (the usual case, and cheap), or
+    once both are :func:`normalised`."""
+    return bool(a == b) or normalised(a) == normalised(b)
+
+
 def owner_references(obj: Mapping[str, Any]) -> Any:
-    return normalised(obj.get("metadata", {}).get("ownerReferences") or [])
+    return obj.get("metadata", {}).get("ownerReferences") or []
 
 
 def at_generation(obj: JsonObject, number: int) -> JsonObject:
@@ -124,10 +131,12 @@ def plan_slices(
     wanted_content = {name: content(obj) for name, obj in wanted.items()}
     top = max([generation(obj) for obj in stored.values()] + [last.generation if last else 0])
     changed = top == 0
-    if last is not None and last.generation == top and last.content != wanted_content:
+    if last is not None and last.generation == top and not same(last.content, wanted_content):
         changed = True
     for name, obj in stored.items():
-        if generation(obj) == top and wanted_content.get(name) != content(obj):
+        if changed:
+            break
+        if generation(obj) == top and not same(wanted_content.get(name), content(obj)):
             changed = True  # not what was published at ``top`` (someone else's edit, a leftover)
     number = top + 1 if changed else top
     slices = tuple(at_generation(obj, number) for obj in wanted.values())
@@ -140,9 +149,11 @@ def plan_slices(
         old = stored.get(name)
         if old is None:
             creates.append(body)
-        elif normalised(old.get("spec")) != normalised(body["spec"]) or owner_references(
-            old
-        ) != owner_references(body):
+        elif (
+            generation(old) != number
+            or not same(old.get("spec"), body["spec"])
+            or not same(owner_references(old), owner_references(body))
+        ):
             updates.append(Update(_on_stored_metadata(body, old), old))
     deletes = tuple(obj for name, obj in stored.items() if name not in wanted and name not in hold)
     return SlicePlan(
