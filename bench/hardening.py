@@ -1,9 +1,9 @@
 """What a hostile local client costs a running daemon (issue 15): memory, fds, loop delay.
 
-A child process serves two resources through ``devplug.plugin.serve`` (the entry point a
-plugin author uses): ``example.com/blob``, 64 devices with 16 KiB of environment each (large
-Allocate answers), and ``example.com/big``, 100,000 devices for the scenarios that need them
-(one otherwise); CDI is off. The parent plays the kubelet
+A child process serves two resources through ``devplug.plugin.run_daemon`` (what ``run``
+does in devplug's command line and in a plugin's own): ``example.com/blob``, 64 devices with
+16 KiB of environment each (large Allocate answers), and ``example.com/big``, 100,000 devices
+for the scenarios that need them (one otherwise); CDI is off. The parent plays the kubelet
 (``KubeletSimulator``) and the attacker, and reads the child's RSS and fds from /proc:
 
 - 4,096 distinct Allocates with ~64 KiB answers (the answer cache);
@@ -54,8 +54,9 @@ STINGY = [("grpc.http2.bdp_probe", 0), ("grpc.http2.lookahead_bytes", 16 * 1024)
 def child(kubelet_dir: str, port: int, big_count: int) -> int:
     """Serve BLOB and BIG (``big_count`` devices) until SIGTERM (run in the child process)."""
     from devplug.config import CdiSettings
+    from devplug.logconfig import configure
     from devplug.model import DeviceInfo, DeviceNode
-    from devplug.plugin import serve
+    from devplug.plugin import run_daemon
     from devplug.testing import StaticScanner, daemon_settings
 
     settings = daemon_settings(
@@ -68,7 +69,8 @@ def child(kubelet_dir: str, port: int, big_count: int) -> int:
     blob = {f"b{i}": DeviceInfo(nodes=null, env={f"BLOB_{i}": "x" * 16 * 1024}) for i in range(64)}
     big = {f"d{i}": DeviceInfo(nodes=null) for i in range(big_count)}
     scanner = StaticScanner({BLOB: blob, BIG: big})
-    return serve(lambda: (settings, [scanner]))
+    configure(settings.log_format, settings.log_level)
+    return run_daemon(settings, [scanner])
 
 
 def rss_mib(pid: int) -> float:

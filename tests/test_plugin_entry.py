@@ -1,10 +1,11 @@
 """A plugin author's own entry point, built on ``devplug.serve``, run as a real process.
 
 The child process runs a small script that imports only devplug's public names (plus a
-StaticScanner from devplug.testing as its scanner, and structlog to log from its loader); the
+StaticScanner from devplug.testing as its scanner, and structlog to log from its factory); the
 kubelet simulator in this process sees it register, list, reload on SIGHUP and stop on SIGTERM
-or SIGQUIT. The script can hold its loader on a line of stdin (``hold: first`` or ``hold:
-reload``), which puts a signal at a known point of the start-up or of the shutdown.
+or SIGQUIT. The script's factory can hold on a line of stdin while it builds the scanner
+(``hold: first`` or ``hold: reload``), which puts a signal at a known point of the start-up
+or of the shutdown.
 """
 
 from __future__ import annotations
@@ -24,27 +25,21 @@ from devplug.testing import KubeletSimulator, StaticScanner
 
 RESOURCE = "example.com/dummy"
 SCRIPT = """
-import json
 import sys
-from pathlib import Path
 
 import structlog
 
-from devplug import ConfigError, DeviceInfo, DeviceNode, load_settings, serve
-from devplug.testing.harness import StaticScanner
+from devplug import ConfigError, DeviceInfo, DeviceNode, serve
+from devplug.testing import StaticScanner
 
-CONFIG = Path(sys.argv[1])
 CALLS = []
 
 
 def say(event, **fields):
-    # The loader runs in a worker thread: once serve() has configured structlog, through it,
-    # whose lines share one lock (print() here could land between the text of one of its lines
-    # and that line's newline); before that, only this thread writes.
-    if structlog.is_configured():
-        structlog.get_logger("test").info(event, **fields)
-    else:
-        print(json.dumps({"event": event, **fields}), file=sys.stderr, flush=True)
+    # Through structlog (configured before the factory runs): a reload builds the scanner in
+    # a worker thread, and structlog's lines share one lock (print() here could land between
+    # the text of one of its lines and that line's newline).
+    structlog.get_logger("test").info(event, **fields)
 
 
 class Scanner(StaticScanner):
@@ -52,22 +47,20 @@ class Scanner(StaticScanner):
         say("test.resource.stopped", resource=resource)
 
 
-def load():
+def dummy(raw, field):
     CALLS.append(1)
-    settings = load_settings(CONFIG)
-    section = settings.scanners.get("dummy") or {}
+    section = {} if raw is None else raw
     count = section.get("count", 1)
     if not isinstance(count, int) or count < 1:
-        raise ConfigError("scanners.dummy.count", f"must be a positive integer, got {count!r}")
+        raise ConfigError(f"{field}.count", f"must be a positive integer, got {count!r}")
     if section.get("hold") == ("first" if len(CALLS) == 1 else "reload"):
         say("test.load.held", call=len(CALLS))
         sys.stdin.readline()
     info = DeviceInfo(nodes=(DeviceNode("/dev/null"),))
-    devices = {f"dev{i}": info for i in range(count)}
-    return settings, [Scanner({"example.com/dummy": devices})]
+    return Scanner({"example.com/dummy": {f"dev{i}": info for i in range(count)}})
 
 
-sys.exit(serve(load, program="dummy-plugin"))
+sys.exit(serve({"dummy": dummy}, program="dummy-plugin", version="1.0.0"))
 """
 
 
@@ -88,6 +81,8 @@ async def start(directory: Path, config: Path) -> asyncio.subprocess.Process:
     return await asyncio.create_subprocess_exec(
         sys.executable,
         str(script),
+        "run",
+        "--config",
         str(config),
         stdin=asyncio.subprocess.PIPE,
         stdout=asyncio.subprocess.PIPE,
@@ -166,11 +161,11 @@ async def test_the_entry_point_serves_reloads_on_sighup_and_stops_on_sigterm(
     ]
 
 
-async def test_a_loader_that_raises_something_else_exits_1_with_its_traceback(
+async def test_a_factory_that_raises_something_else_exits_1_with_its_traceback(
     kubelet_dir: Path, short_dir: Path
 ) -> None:
     config = short_dir / "config.yaml"
-    # A string where the loader expects a mapping: its .get() raises AttributeError.
+    # A string where the factory expects a mapping: its .get() raises AttributeError.
     config.write_text(f"kubelet_dir: {kubelet_dir}\nscanners:\n  dummy: text\n")
     process = await start(short_dir, config)
     try:
@@ -235,7 +230,7 @@ async def test_a_sighup_while_the_config_loads_does_not_kill_and_is_applied(
     seen: list[dict[str, object]] = []
     try:
         await read_until(process, "test.load.held", seen)
-        write_config(short_dir, kubelet_dir, 3)  # changed after the loader read it
+        write_config(short_dir, kubelet_dir, 3)  # changed after the factory read it
         process.send_signal(signal.SIGHUP)
         process.stdin.write(b"go\n")
         await process.stdin.drain()
@@ -274,7 +269,7 @@ async def test_a_second_sigterm_during_shutdown_still_exits_0(
     kubelet: KubeletSimulator, kubelet_dir: Path, short_dir: Path
 ) -> None:
     """After the daemon stopped, asyncio still waits for worker threads (here a reload's
-    loader, held on stdin): a second SIGTERM then must not kill the process."""
+    factory, held on stdin): a second SIGTERM then must not kill the process."""
     process = await start(short_dir, write_config(short_dir, kubelet_dir, 1, hold="reload"))
     assert process.stdin is not None
     seen: list[dict[str, object]] = []
@@ -337,7 +332,7 @@ import sys
 from pydantic import Field
 
 from devplug import DeviceInfo, DeviceNode, SectionSettings, serve
-from devplug.testing.harness import StaticScanner
+from devplug.testing import StaticScanner
 
 
 class DummySettings(SectionSettings):
@@ -481,8 +476,8 @@ def test_a_factory_name_not_in_snake_case_is_refused() -> None:
 
     with pytest.raises(ValueError, match="'misc-dev' must be snake_case"):
         serve({"misc-dev": static}, program="x", version="1", argv=["scan"])
-    with pytest.raises(TypeError, match="version="):
-        serve({"misc": static}, program="x", argv=["scan"])  # type: ignore[call-overload]
+    with pytest.raises(TypeError, match="argument: 'version'"):
+        serve({"misc": static}, program="x", argv=["scan"])  # type: ignore[call-arg]
 
 
 # ------------------------------------------------------------------------ scan outcomes

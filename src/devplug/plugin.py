@@ -1,18 +1,18 @@
-"""Serving scanners as a device plugin daemon: what ``devplug run`` does, for an entry point of
-a plugin author's own (``devplug run`` knows only the built-in scanners).
+"""The daemon run in this process until a signal stops it: what ``run`` does, in ``devplug``
+and in a plugin's own entry point (:func:`devplug.cli.serve`).
 
-The daemon itself (and with it gRPC), asyncio, the settings (pydantic) and structlog are
-imported when :func:`serve` runs, so that importing this module stays light: an entry point
-(``devplug run`` among them) can call :func:`guard_signals` before anything slow.
+The daemon itself (and with it gRPC) and asyncio are imported when :func:`run_daemon` runs,
+so that importing this module stays light: an entry point can call :func:`guard_signals`
+before anything slow (the command line does, first thing, for ``run``).
 
 Signals: SIGTERM, SIGINT and SIGQUIT stop the daemon in order (exit 0), SIGHUP reloads the
-config. :class:`SignalGuard` holds them from the first thing :func:`serve` does (or earlier,
-from :func:`guard_signals`) until it returns, so that no signal meets its default action
+config. :class:`SignalGuard` holds them from :func:`guard_signals` (or the start of
+:func:`run_daemon`) until the process ends, so that no signal meets its default action
 (which kills) while modules import, the config loads, the daemon runs or shuts down, or
-asyncio waits for worker threads after it. The guard's handlers are the only ones: handing
-the signals to the event loop's own (``loop.add_signal_handler``) and back used to leave a
-moment with the default action in between (``remove_signal_handler`` resets it), and a second
-SIGTERM right after ``daemon.stopped`` killed the process.
+asyncio waits for worker threads after it. The guard's handlers are the only ones, never
+the event loop's own (``loop.add_signal_handler``): handing the signals to the loop and back
+leaves a moment with the default action in between (``remove_signal_handler`` resets it), in
+which a second SIGTERM right after ``daemon.stopped`` would kill the process.
 
 The stop, and the worker threads asyncio would wait for after it, fit the daemon's stop budget
 (``stop_timeout_s``, :mod:`devplug._kits.stopping`); a second stop signal ends the budget at
@@ -150,8 +150,8 @@ def guard_signals() -> SignalGuard:
     """Install the process's :class:`SignalGuard` now, if none is (idempotent); return it.
 
     Call it first thing in an entry point, before slow imports: until then a SIGHUP kills the
-    process. :func:`serve` and :func:`run_daemon` use the guard installed here, and leave it
-    installed for the entry point that made it.
+    process. :func:`run_daemon` uses the guard installed here, and leaves it installed for the
+    entry point that made it.
     """
     global _process_guard
     if _process_guard is None:
@@ -205,48 +205,6 @@ def _guarded() -> Iterator[SignalGuard]:
             _process_guard = None
 
 
-def serve(load: Loader, *, program: str = "devplug") -> int:
-    """Load the configuration, configure logging, and serve until SIGTERM, SIGINT or SIGQUIT;
-    SIGHUP calls ``load`` again and applies the result (a refused one keeps the running
-    config). The signals are handled from the start: a SIGHUP while ``load`` runs is applied
-    once the daemon runs, a stop signal then ends the process without serving.
-
-    Returns the exit status: 0 after an orderly stop (worker threads still running when the
-    stop budget is spent, or when another stop signal comes, are left behind), 2 for a
-    configuration error (printed to stderr as ``<program>: configuration error: ...``; nothing
-    was served), 130 when SIGINT (Ctrl-C) came before the daemon served, 1 if ``load`` raised
-    anything else (its traceback on stderr), the daemon crashed (logged), or its stop did not
-    finish within the budget or before a second stop signal (``daemon.stop.overdue``).
-    """
-    # First: a SIGHUP's default action kills, and imports and loading take a while.
-    with _guarded() as guard:
-        try:
-            settings, scanners = load()
-        except ConfigError as exc:
-            print(f"{program}: configuration error: {exc}", file=sys.stderr)
-            return EXIT_CONFIG
-        except Exception:
-            # A bug in the loader, not a wrong config: the traceback is what its author needs
-            # (logging is not configured yet).
-            print(f"{program}: cannot start: loading the configuration failed", file=sys.stderr)
-            import traceback
-
-            traceback.print_exc()
-            return 1
-        from devplug.config.scanner_names import log_respellings
-        from devplug.logconfig import configure
-
-        configure(settings.log_format, settings.log_level)
-        log_respellings(settings.scanner_respellings)
-
-        def reload() -> tuple[Settings, Sequence[Scanner]]:
-            loaded = load()
-            log_respellings(loaded[0].scanner_respellings)
-            return loaded
-
-        return run_daemon(settings, scanners, reload, program=program, guard=guard)
-
-
 def run_daemon(
     settings: Settings,
     scanners: Sequence[Scanner],
@@ -255,8 +213,19 @@ def run_daemon(
     program: str = "devplug",
     guard: SignalGuard | None = None,
 ) -> int:
-    """Serve ``scanners`` with ``settings`` (logging already configured); see :func:`serve`.
-    Without ``guard``, the process's (:func:`guard_signals`) is used, or one for the call."""
+    """Serve ``scanners`` with ``settings`` (logging already configured) until SIGTERM,
+    SIGINT or SIGQUIT; SIGHUP calls ``reload_config`` (None: it only rescans) and applies the
+    result (a refused one keeps the running config). A stop signal the guard caught before
+    ends the call without serving. Without ``guard``, the process's (:func:`guard_signals`)
+    is used, or one for the call.
+
+    Returns the exit status: 0 after an orderly stop (worker threads still running when the
+    stop budget is spent, or when another stop signal comes, are left behind), 2 when the
+    daemon stopped on a configuration error (printed to stderr as ``<program>: configuration
+    error: ...``), 130 when SIGINT (Ctrl-C) came before the daemon served, 1 if the daemon
+    crashed (logged) or its stop did not finish within the budget or before a second stop
+    signal (``daemon.stop.overdue``).
+    """
     if guard is None:
         with _guarded() as guard:
             return run_daemon(settings, scanners, reload_config, program=program, guard=guard)

@@ -29,14 +29,11 @@ SCRIPT = """
 import asyncio
 import sys
 import threading
-from pathlib import Path
 
 import structlog
 
-from devplug import DeviceInfo, DeviceNode, load_settings, serve
-from devplug.testing.harness import StaticScanner
-
-CONFIG = Path(sys.argv[1])
+from devplug import DeviceInfo, DeviceNode, serve
+from devplug.testing import StaticScanner
 
 
 def say(event, **fields):
@@ -65,15 +62,14 @@ class HungThread(StaticScanner):
         threading.Event().wait()
 
 
-def load():
-    settings = load_settings(CONFIG)
+def dummy(raw, field):
     kind = {"coroutine": HungCoroutine, "stubborn": IgnoresCancellation, "thread": HungThread}
-    scanner = kind[settings.scanners["dummy"]["stop"]]
+    scanner = kind[raw["stop"]]
     info = DeviceInfo(nodes=(DeviceNode("/dev/null"),))
-    return settings, [scanner({"example.com/dummy": {"dev0": info}})]
+    return scanner({"example.com/dummy": {"dev0": info}})
 
 
-sys.exit(serve(load, program="dummy-plugin"))
+sys.exit(serve({"dummy": dummy}, program="dummy-plugin", version="1.0.0"))
 """
 
 
@@ -100,6 +96,8 @@ class Plugin:
             self.process = await asyncio.create_subprocess_exec(
                 sys.executable,
                 str(script),
+                "run",
+                "--config",
                 str(self.config),
                 stdout=log,
                 stderr=log,

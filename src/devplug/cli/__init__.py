@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, overload
+from typing import TYPE_CHECKING
 
 from devplug._kits.lazy import lazy_names
 from devplug.cli import early
@@ -29,7 +29,6 @@ from devplug.cli.early import EXIT_INTERRUPTED
 if TYPE_CHECKING:
     from devplug.cli.commands import ScannerFactory
     from devplug.cli.parser import build_parser
-    from devplug.plugin import Loader
 
 __all__ = ["ScannerFactory", "build_parser", "main", "serve"]
 
@@ -88,7 +87,7 @@ def _main(
     if argv in (["version"], ["--version"]):
         print(early.version_line(program, version))
         return 0
-    from devplug.cli.parser import EXIT_USAGE, build_parser
+    from devplug.cli.parser import EXIT_FAILED, EXIT_USAGE, build_parser
 
     factories = _factories(scanners)
     args = build_parser(program, factories, version=version, description=description).parse_args(
@@ -118,6 +117,14 @@ def _main(
         except ConfigError as exc:
             commands.fail(program, f"configuration error: {exc}")
             return EXIT_USAGE
+        except Exception:
+            # A bug (in a plugin's factory, say), not a wrong config: the traceback is what
+            # its author needs.
+            commands.fail(program, "cannot start: loading the configuration failed")
+            import traceback
+
+            traceback.print_exc()
+            return EXIT_FAILED
     if args.command == "cdi":
         return commands.cdi_generate(program, settings, built, args)
     if args.command == "scan" or args.dry_run:
@@ -141,26 +148,11 @@ def _factories(scanners: Mapping[str, ScannerFactory] | None) -> Mapping[str, Sc
     return scanners
 
 
-@overload
 def serve(
     scanners: Mapping[str, ScannerFactory],
     *,
     program: str,
     version: str,
-    description: str | None = None,
-    argv: Sequence[str] | None = None,
-) -> int: ...
-
-
-@overload
-def serve(scanners: Loader, *, program: str = "devplug") -> int: ...
-
-
-def serve(
-    scanners: Mapping[str, ScannerFactory] | Loader,
-    *,
-    program: str | None = None,
-    version: str | None = None,
     description: str | None = None,
     argv: Sequence[str] | None = None,
 ) -> int:
@@ -174,16 +166,7 @@ def serve(
     ``sys.argv[1:]`` (and then ``run`` guards the signals first, as ``devplug run`` does).
     Returns the exit status. To offer devplug's built-in scanners as well, pass
     ``devplug.scanners.registry.with_builtins(scanners)``.
-
-    The older form, a function returning ``(settings, scanners)``, still serves without a
-    command line (see :func:`devplug.plugin.serve`).
     """
-    if callable(scanners):
-        from devplug.plugin import serve as serve_loader
-
-        return serve_loader(scanners, program=program or "devplug")
-    if program is None or version is None:
-        raise TypeError("serve() needs the plugin's own program= and version=")
     return main(argv, scanners=scanners, program=program, version=version, description=description)
 
 

@@ -18,7 +18,6 @@ from devplug.config.scanner_names import log_respellings, scanner_name
 from devplug.errors import CdiSpecError, ConfigError
 from devplug.logconfig import configure
 from devplug.naming import MAX_UNIX_SOCKET_PATH, short_socket_file_name
-from devplug.plugin import Loader
 from devplug.scanners.base import Scanner
 from devplug.scanners.generic import GenericScanner
 
@@ -26,7 +25,7 @@ from devplug.scanners.generic import GenericScanner
 # field for errors) -> the scanner, raising ConfigError naming the bad field.
 ScannerFactory = Callable[[Any, str], Scanner]
 
-__all__ = ["Loader", "ScannerFactory"]
+__all__ = ["ScannerFactory"]
 
 # Where udevd keeps the properties its rules add (ID_VENDOR_ID, ID_PATH, ...).
 UDEV_DATABASE = Path("/run/udev/data")
