@@ -116,7 +116,9 @@ class CdiHook:
 class CdiEdits:
     """Container edits that only the CDI spec carries, beyond the device's nodes, mounts and env.
 
-    The CDI writer (see the CDI issue) adds them to the device's entry in the spec.
+    The CDI front (:mod:`devplug.cdi`) writes them into the device's entry of the resource's
+    spec (``containerEdits.hooks``, ``containerEdits.additionalGids``); Allocate's answer
+    cannot carry them.
     """
 
     hooks: tuple[CdiHook, ...] = ()

@@ -205,7 +205,7 @@ async def test_virt_launcher_gives_each_host_device_its_own_group(
     assigned, paths = await vm_with([C, A0, B])
     assert assigned == [A0, B, C]
     assert set().union(*(opened_by_qemu(a, mode) for a in (A0, A1, B, C))) <= paths
-    # The case that went wrong: two host devices used to get A0 and its sibling A1, never C.
+    # Two host devices get two groups (A0 and C), never A0 and its sibling A1 of one group.
     assigned, _ = await vm_with([C, A0])
     assert assigned == [A0, C]
     # One unit is one host device: a VM asking for more than its pod got does not start.

@@ -87,7 +87,7 @@ def test_a_gpu_that_would_overflow_waits_whole_while_health_changes_go_through(
     assert held["log_level"] == "error" and held["resource"] == I915
     assert held["held_back"] == [f"{C}-0"] and held["count"] == SHARES and held["units"] == 1
     assert "shared_dev_num" in str(held["fix"])
-    # One guard: the scanner no longer logs its own events about the limit.
+    # One guard, the daemon's: the scanner logs no events of its own about the limit.
     assert [e["event"] for e in logs if str(e["event"]).startswith("intel_gpu.")] == []
     # A full scan (the resync) comes to the same answer rather than failing.
     again = scans.scan_blocking()

@@ -157,8 +157,8 @@ class GenericScanner:
         builder = DeviceTreeBuilder()
         self._duplicates = False
         # Each subsystem is enumerated once, whatever the number of entries naming it (200
-        # entries over one subsystem used to open its devices 200 times); every entry is
-        # matched against each of its devices, entry by entry as configured. An entry
+        # entries over one subsystem would otherwise open its devices 200 times); every entry
+        # is matched against each of its devices, entry by entry as configured. An entry
         # without a subsystem enumerates every device: its exact-match properties are pushed
         # down to libudev, so only entries with the same ones share an enumeration.
         found: dict[tuple[str | None, frozenset[tuple[str, str]]], list[UdevDevice]] = {}
