@@ -362,8 +362,12 @@ async def test_a_wipe_puts_the_slices_back_at_the_same_generation(
         assert api.delete_slices(f"spec.nodeName={NODE}") == 2  # the kubelet's start
         await api.wait_for(complete_with(names(range(201))), what="slices back")
         assert generations(api) == {2}  # the content did not change
+        gets = api.requests["get"]
         assert api.delete_slices(f"spec.nodeName={NODE},spec.driver={DRIVER}") == 2
         await api.wait_for(complete_with(names(range(201))), what="slices back again")
+        # The Node read again before they were: deleted by the garbage collector, they were
+        # owned by a Node that is gone, and one of the same name has another uid.
+        assert api.requests["get"] == gets + 1
 
 
 async def test_an_outage_is_waited_out_with_back_off_and_logged_twice(

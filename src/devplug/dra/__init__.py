@@ -16,6 +16,9 @@ free of grpc.
   ResourceSlice and for one device, as :mod:`.field_errors` (field, reason, message);
   :mod:`.formats` holds the name formats (DNS label, C identifier, ...) they share.
 - :mod:`.apiclient`: the REST calls to the API server, as plain JSON, behind one interface.
+- :mod:`.publisher`: keeps the pool published (settle, build, write, back off); it follows
+  the API server's slices through :mod:`.slicemirror` (list, then watch), plans the
+  generation and the writes in :mod:`.slicediff` and checks each slice in :mod:`.screening`.
 - :mod:`.registration`: the kubelet plugin's registration socket and DRA service socket;
   :mod:`.sockets` claims a socket path without clobbering anyone's.
 - :mod:`.service`: the DRAPlugin service (v1 and v1beta1) over :mod:`.claims`, which decides

@@ -10,8 +10,9 @@ first:
    still publishes every ``settle_s`` or so, never falls behind. Nothing is published before
    the first tree, and nothing while the mirror is out of date (after a broken watch).
 2. **Build.** The pool of the tree's DRA resources (:func:`~devplug.dra.slices.build_pool`),
-   owned by the Node (its uid read once; nothing is published until it is known, as the
-   reference helper does), each slice checked with the validator
+   owned by the Node (its uid read at start and again after slices were deleted by
+   someone else: a Node deleted and registered again has a new uid; nothing is published
+   until it is known, as the reference helper does), each slice checked with the validator
    (:mod:`.screening`): a device it refuses is left out, the others go out. This runs in a
    worker thread: for 1,000 devices it is ~0.1 s of CPU that must not stall the event loop
    (the device-plugin front answers the kubelet on it). It is skipped when the DRA
@@ -162,6 +163,8 @@ class SlicePublisher:
         self._tree: LatestValue[DeviceTree | None] = LatestValue(None)
         self._published: LatestValue[Pool | None] = LatestValue(None)
         self._node_uid: str | None = None
+        self._known_uid: str | None = None  # the last uid read (kept while it is re-read)
+        self._deletions_seen = 0
         self._last: Published | None = None
         self._built: tuple[object, _Desired] | None = None  # (what it was built from, result)
         self._rejected: dict[str, Any] = {}  # slice name -> the body the API server refused
@@ -226,6 +229,12 @@ class SlicePublisher:
 
     async def _pass(self, tree: DeviceTree) -> bool:
         """One reconcile; True when something must be tried again."""
+        if self._mirror.deleted_elsewhere != self._deletions_seen:
+            # A wipe, or the garbage collector after the Node was deleted: a Node of the same
+            # name that came back has another uid, and slices owned by the old one would be
+            # collected again as soon as they are written back.
+            self._deletions_seen = self._mirror.deleted_elsewhere
+            self._node_uid = None
         if self._node_uid is None and not await self._read_node():
             return True
         stored = dict(self._mirror.objects)
@@ -279,7 +288,10 @@ class SlicePublisher:
             return False
         self._outage.reached()
         self._refusals.solved("node")
-        self._node_uid = str(node["metadata"]["uid"])
+        uid = str(node["metadata"]["uid"])
+        if self._known_uid is not None and uid != self._known_uid:
+            log.info("dra.slices.node.replaced", node=self._node, uid=uid, was=self._known_uid)
+        self._node_uid = self._known_uid = uid
         return True
 
     def _prepare(

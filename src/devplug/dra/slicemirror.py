@@ -129,6 +129,7 @@ class SliceMirror:
         self._synced = False
         self.changes: LatestValue[int] = LatestValue(0)
         self.lists = 0  # lists that succeeded (a test and the stats read it)
+        self.deleted_elsewhere = 0  # slices seen deleted by someone else (a wipe, the GC)
 
     @property
     def objects(self) -> Mapping[str, JsonObject]:
@@ -264,6 +265,7 @@ class SliceMirror:
         if event.type == "DELETED":
             if held is not None and _newer(obj, held):
                 del self._objects[name]
+                self.deleted_elsewhere += 1
                 self._bump()
             return
         if event.type not in ("ADDED", "MODIFIED"):
