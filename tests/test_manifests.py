@@ -23,6 +23,11 @@ VERSION = "1.31"
 
 # Partial objects that kustomize merges into the base, checked merged (below).
 PATCH = "node-selector.yaml"
+DRA = KUBE / "dra"
+DRA_PATCH = "daemonset-dra.yaml"
+# The DRA overlay serves resource.k8s.io/v1, Kubernetes 1.34+.
+DRA_VERSIONS = ("1.34", "1.35", "1.36", "1.37")
+SCANNER_OVERLAYS = [p for p in OVERLAYS if p != DRA]
 
 
 def objects() -> list[tuple[Path, dict[str, Any]]]:
@@ -30,7 +35,7 @@ def objects() -> list[tuple[Path, dict[str, Any]]]:
     patches)."""
     found = []
     for path in sorted(KUBE.rglob("*.yaml")):
-        if path.name in ("kustomization.yaml", "config.yaml", PATCH):
+        if path.name in ("kustomization.yaml", "config.yaml", PATCH, DRA_PATCH):
             continue
         for document in yaml.safe_load_all(path.read_text()):
             if document:
@@ -39,8 +44,8 @@ def objects() -> list[tuple[Path, dict[str, Any]]]:
 
 
 def test_there_is_a_base_and_an_overlay_per_scanner() -> None:
-    assert {p.name for p in OVERLAYS} == {"generic", "intel-gpu", "vfio"}
-    for overlay in OVERLAYS:
+    assert {p.name for p in OVERLAYS} == {"dra", "generic", "intel-gpu", "vfio"}
+    for overlay in SCANNER_OVERLAYS:
         kustomization = yaml.safe_load((overlay / "kustomization.yaml").read_text())
         assert kustomization["resources"] == ["../base"]
         (generator,) = kustomization["configMapGenerator"]
@@ -252,3 +257,197 @@ def test_every_shipped_generic_entry_takes_stable_ids() -> None:
     assert {name for name, _ in entries} >= {"base", "generic"}
     for name, entry in entries:
         assert entry.get("id_property") == "ID_PATH", f"{name}: {entry['resource']}"
+
+
+# ------------------------------------------------------------------ the DRA overlay
+
+
+def dra_documents(name: str) -> dict[str, dict[str, Any]]:
+    """The objects of one of the DRA overlay's files, by kind."""
+    return {d["kind"]: d for d in yaml.safe_load_all((DRA / name).read_text()) if d}
+
+
+def strategic_merged(base: Any, patch: Any) -> Any:
+    """:func:`merged`, with lists of objects merged by their merge key (containers, volumes
+    and env by name, volumeMounts by mountPath), as kustomize merges a DaemonSet patch."""
+    if isinstance(base, dict) and isinstance(patch, dict):
+        return {
+            key: strategic_merged(base.get(key), patch.get(key, base.get(key)))
+            for key in {*base, *patch}
+        }
+    items = [*base, *patch] if isinstance(base, list) and isinstance(patch, list) else []
+    if items and all(isinstance(item, dict) for item in items):
+        key = next((k for k in ("mountPath", "name") if all(k in i for i in items)), None)
+        if key is not None:
+            patched = {item[key]: item for item in patch}
+            kept = [strategic_merged(i, patched.pop(i[key], i)) for i in base]
+            return list(patched.values()) + kept  # kustomize puts the new ones first
+    return patch
+
+
+def dra_daemonset() -> dict[str, Any]:
+    patch = yaml.safe_load((DRA / DRA_PATCH).read_text())
+    daemonset: dict[str, Any] = strategic_merged(base_daemonset(), patch)
+    return daemonset
+
+
+def test_the_dra_overlay_is_the_base_with_rbac_the_admission_policy_and_a_patch() -> None:
+    kustomization = yaml.safe_load((DRA / "kustomization.yaml").read_text())
+    assert kustomization["resources"] == ["../base", "rbac.yaml", "admission-policy.yaml"]
+    assert kustomization["patches"] == [{"path": DRA_PATCH}]
+    (generator,) = kustomization["configMapGenerator"]
+    assert generator["behavior"] == "replace" and generator["files"] == ["config.yaml"]
+    patch = yaml.safe_load((DRA / DRA_PATCH).read_text())
+    base = base_daemonset()
+    assert (patch["kind"], patch["metadata"]["name"]) == (base["kind"], base["metadata"]["name"])
+
+
+@pytest.mark.parametrize("version", DRA_VERSIONS)
+def test_the_dra_objects_validate_strictly(version: str) -> None:
+    for name in ("rbac.yaml", "admission-policy.yaml"):
+        for document in dra_documents(name).values():
+            kubernetes_validate.validate(document, version, strict=True)
+    kubernetes_validate.validate(dra_daemonset(), version, strict=True)
+
+
+def test_the_dra_daemonset_mounts_its_configs_kubelet_plugin_dirs_at_the_same_paths() -> None:
+    """The kubelet dials the DRA socket at the path GetInfo gives: the one inside the pod."""
+    dra = yaml.safe_load((DRA / "config.yaml").read_text())["dra"]
+    root = dra["kubelet_root"]
+    registry, plugin = f"{root}/plugins_registry", f"{root}/plugins/{dra['driver']}"
+    pod = dra_daemonset()["spec"]["template"]["spec"]
+    host_paths = {v["name"]: v["hostPath"]["path"] for v in pod["volumes"] if "hostPath" in v}
+    (container,) = pod["containers"]
+    mounts = {m["mountPath"]: host_paths.get(m["name"]) for m in container["volumeMounts"]}
+    assert mounts[registry] == registry and mounts[plugin] == plugin
+    types = {
+        v["hostPath"]["path"]: v["hostPath"]["type"] for v in pod["volumes"] if "hostPath" in v
+    }
+    assert types[registry] == "Directory"  # the kubelet's: a wrong root must not go unnoticed
+    assert types[plugin] == "DirectoryOrCreate"  # devplug's own
+    (node_name,) = [e for e in container["env"] if e["name"] == "NODE_NAME"]
+    assert node_name["valueFrom"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
+    # Everything the base hardened is still there, the base's mounts included.
+    (base,) = base_daemonset()["spec"]["template"]["spec"]["containers"]
+    for field in ("image", "args", "securityContext", "livenessProbe", "readinessProbe"):
+        assert container[field] == base[field], field
+    assert {m["mountPath"] for m in base["volumeMounts"]} < set(mounts)
+
+
+def test_the_dra_daemonset_runs_as_the_bound_service_account_one_pod_per_node() -> None:
+    daemonset = dra_daemonset()
+    pod = daemonset["spec"]["template"]["spec"]
+    account = dra_documents("rbac.yaml")["ServiceAccount"]
+    assert pod["serviceAccountName"] == account["metadata"]["name"]
+    assert pod["automountServiceAccountToken"] is True
+    assert daemonset["spec"]["updateStrategy"] == {
+        "type": "RollingUpdate",
+        "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1},
+    }
+    binding = dra_documents("rbac.yaml")["ClusterRoleBinding"]
+    assert binding["subjects"] == [
+        {
+            "kind": "ServiceAccount",
+            "name": account["metadata"]["name"],
+            "namespace": account["metadata"]["namespace"],
+        }
+    ]
+    role = dra_documents("rbac.yaml")["ClusterRole"]
+    assert binding["roleRef"] == {
+        "apiGroup": "rbac.authorization.k8s.io",
+        "kind": "ClusterRole",
+        "name": role["metadata"]["name"],
+    }
+
+
+def test_the_dra_role_is_the_narrowest_that_works() -> None:
+    """The verbs the DRA front's API client uses (tests/dra/test_dra_rbac.py watches it call
+    exactly these against the stand-in API server), and not one more."""
+    role = dra_documents("rbac.yaml")["ClusterRole"]
+    granted = {
+        (group, resource, verb)
+        for rule in role["rules"]
+        for group in rule["apiGroups"]
+        for resource in rule["resources"]
+        for verb in rule["verbs"]
+    }
+    assert granted == {
+        ("resource.k8s.io", "resourceslices", "list"),
+        ("resource.k8s.io", "resourceslices", "watch"),
+        ("resource.k8s.io", "resourceslices", "create"),
+        ("resource.k8s.io", "resourceslices", "update"),
+        ("resource.k8s.io", "resourceslices", "delete"),
+        ("resource.k8s.io", "resourceclaims", "get"),
+        ("", "nodes", "get"),
+    }
+    assert not any("resourceNames" in rule or "nonResourceURLs" in rule for rule in role["rules"])
+
+
+def test_the_admission_policy_pins_the_service_account_to_its_own_nodes_slices() -> None:
+    documents = dra_documents("admission-policy.yaml")
+    policy, binding = (
+        documents["ValidatingAdmissionPolicy"],
+        documents["ValidatingAdmissionPolicyBinding"],
+    )
+    account = dra_documents("rbac.yaml")["ServiceAccount"]["metadata"]
+    spec = policy["spec"]
+    assert spec["failurePolicy"] == "Fail"
+    (rule,) = spec["matchConstraints"]["resourceRules"]
+    assert rule["apiGroups"] == ["resource.k8s.io"] and rule["resources"] == ["resourceslices"]
+    assert set(rule["operations"]) == {"CREATE", "UPDATE", "DELETE"}
+    assert spec["matchConstraints"].get("matchPolicy", "Equivalent") == "Equivalent"
+    (condition,) = spec["matchConditions"]
+    username = f"system:serviceaccount:{account['namespace']}:{account['name']}"
+    assert condition["expression"] == f"request.userInfo.username == '{username}'"
+    variables = {v["name"]: " ".join(v["expression"].split()) for v in spec["variables"]}
+    assert (
+        "request.userInfo.extra['authentication.kubernetes.io/node-name'][0]"
+        in (variables["callerNode"])
+    )
+    for side in ("oldObject", "object"):  # a DELETE has only the old object
+        assert f"{side}.spec.nodeName" in variables["sliceNode"]
+    expressions = [v["expression"] for v in spec["validations"]]
+    assert expressions == [
+        "variables.callerNode != ''",
+        "variables.sliceNode == variables.callerNode",
+    ]
+    assert binding["spec"] == {
+        "policyName": policy["metadata"]["name"],
+        "validationActions": ["Deny"],
+    }
+
+
+def test_kustomize_builds_the_dra_overlay(tmp_path: Path) -> None:
+    """The overlay through kustomize itself (kubectl's), where this machine has it."""
+    kubectl = shutil.which("kubectl")
+    if kubectl is None:
+        pytest.skip("kubectl (with its kustomize) is not installed; the merge is checked above")
+    result = subprocess.run(
+        [kubectl, "kustomize", str(DRA)], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert result.returncode == 0, result.stderr
+    built = {d["kind"]: d for d in yaml.safe_load_all(result.stdout)}
+    assert set(built) == {
+        "ConfigMap",
+        "DaemonSet",
+        "ServiceAccount",
+        "ClusterRole",
+        "ClusterRoleBinding",
+        "ValidatingAdmissionPolicy",
+        "ValidatingAdmissionPolicyBinding",
+    }
+    for document in built.values():
+        for version in DRA_VERSIONS:
+            kubernetes_validate.validate(document, version, strict=True)
+    # kustomize's merge is the one the tests above check (its ConfigMap name has a hash).
+    daemonset = built["DaemonSet"]
+    for volume in daemonset["spec"]["template"]["spec"]["volumes"]:
+        if "configMap" in volume:
+            assert volume["configMap"]["name"] == built["ConfigMap"]["metadata"]["name"]
+            volume["configMap"]["name"] = "devplug-config"
+    assert daemonset["spec"] == dra_daemonset()["spec"]
+    namespace = built["DaemonSet"]["metadata"]["namespace"]
+    assert built["ServiceAccount"]["metadata"]["namespace"] == namespace
+    assert built["ClusterRoleBinding"]["subjects"][0]["namespace"] == namespace
+    config = yaml.safe_load(built["ConfigMap"]["data"]["config.yaml"])
+    assert config["dra"]["resources"] == ["gpu.intel.com/i915"]
