@@ -57,7 +57,7 @@ from devplug.scanners.udev import UdevMonitor
 if TYPE_CHECKING:
     from devplug.cdi.sync import CdiSync
 
-log = structlog.get_logger("devplug.daemon")
+log = structlog.get_logger(__name__)
 
 # The CDI task starts once the kubelet has had the first list of every resource of the first
 # scan (its modules and its first render would otherwise delay that list), or this long after

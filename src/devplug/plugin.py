@@ -233,8 +233,9 @@ def run_daemon(
 
     import structlog
 
+    log = structlog.get_logger(__name__)
     if guard.stop_requested:
-        structlog.get_logger("devplug.daemon").info("daemon.stopped", served=False)
+        log.info("daemon.stopped", served=False)
         # Ctrl-C before anything was served interrupted a command, as it would any other.
         return EXIT_INTERRUPTED if guard.stop_signal == signal.SIGINT else 0
     # Before grpc loads: its core's own lines would bypass the JSON log (see logconfig).
@@ -258,7 +259,7 @@ def run_daemon(
             guard.detach()
         if outcome.overdue:
             status = 0 if outcome.error is None else _crashed(outcome.error, program)
-            end_overdue(outcome, daemon.stop_budget, structlog.get_logger("devplug.daemon"), status)
+            end_overdue(outcome, daemon.stop_budget, log, status)
         if outcome.error is not None:
             raise outcome.error
 
@@ -277,7 +278,7 @@ def _crashed(exc: BaseException, program: str) -> int:
         return EXIT_CONFIG
     import structlog
 
-    structlog.get_logger("devplug.daemon").error("daemon.crashed", exc_info=exc)
+    structlog.get_logger(__name__).error("daemon.crashed", exc_info=exc)
     return 1
 
 

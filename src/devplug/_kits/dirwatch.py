@@ -20,7 +20,7 @@ from asyncinotify import Inotify, Mask
 from devplug._kits.problems import ProblemLog
 from devplug._kits.values import LatestValue
 
-log = structlog.get_logger("devplug.dirwatch")
+log = structlog.get_logger(__name__)
 
 # While the dir is missing or cannot be watched, look again this often.
 DIR_POLL_S = 1.0

@@ -30,7 +30,7 @@ __all__ = ["ScannerFactory"]
 # Where udevd keeps the properties its rules add (ID_VENDOR_ID, ID_PATH, ...).
 UDEV_DATABASE = Path("/run/udev/data")
 
-log = structlog.get_logger("devplug.cli")
+log = structlog.get_logger(__name__)
 
 
 def fail(program: str, message: str) -> None:
@@ -115,9 +115,7 @@ def warn_unknown_environment() -> None:
     }
     unknown = sorted(k for k in os.environ if k.startswith(ENV_PREFIX) and k not in known)
     if unknown:
-        structlog.get_logger("devplug.config").warning(
-            "config.env.unknown", variables=unknown, known=sorted(known)
-        )
+        log.warning("config.env.unknown", variables=unknown, known=sorted(known))
 
 
 def scan(program: str, scanners: Sequence[Scanner], output: str) -> int:

@@ -45,7 +45,7 @@ def log_respellings(respellings: Iterable[Respelling]) -> None:
     """One warning per name given in the other spelling (logging must be configured)."""
     import structlog
 
-    log = structlog.get_logger("devplug.config")
+    log = structlog.get_logger(__name__)
     for respelling in respellings:
         log.warning(
             "config.scanner.spelling",

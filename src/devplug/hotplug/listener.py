@@ -30,7 +30,7 @@ import structlog
 from devplug._kits.problems import ProblemLog
 from devplug.scanners.udev import UdevEvent, UdevMonitor
 
-log = structlog.get_logger("devplug.events")
+log = structlog.get_logger(__name__)
 
 UDEV_CONTROL = Path("/run/udev/control")
 # Datagrams read per wake-up; more wait for the next one, so a storm cannot hog the loop.

@@ -29,7 +29,7 @@ from devplug._kits.backoff import Backoff
 from devplug._kits.problems import ProblemLog, error_reason
 from devplug.scanners.base import ResourceStarter, ResourceStopper
 
-log = structlog.get_logger("devplug.lifecycle")
+log = structlog.get_logger(__name__)
 
 
 class HookTimeout(Exception):

@@ -22,7 +22,7 @@ from devplug._kits.dirwatch import DirWatcher
 from devplug._proto import deviceplugin_v1beta1_pb2 as pb
 from devplug._proto import deviceplugin_v1beta1_pb2_grpc as pb_grpc
 
-log = structlog.get_logger("devplug.kubelet")
+log = structlog.get_logger(__name__)
 
 API_VERSION = "v1beta1"
 KUBELET_SOCKET = "kubelet.sock"

@@ -47,7 +47,7 @@ from devplug.kubelet.waiting import KubeletWait
 from devplug.model import DeviceInfo, MapEdit
 from devplug.naming import MAX_UNIX_SOCKET_PATH, short_socket_file_name, socket_file_name
 
-log = structlog.get_logger("devplug.server")
+log = structlog.get_logger(__name__)
 
 SOCKET_MODE = 0o600
 # The temporary name a listener is bound to before it is linked into place.

@@ -30,7 +30,7 @@ from devplug.kubelet.seams import AnswerExtension, ServingEvents
 from devplug.kubelet.server import DEFAULT_TIMING, ResourceServer, ServerTiming
 from devplug.model import DeviceTree
 
-log = structlog.get_logger("devplug.manager")
+log = structlog.get_logger(__name__)
 
 
 @dataclass(slots=True)

@@ -42,7 +42,7 @@ from devplug.kubelet.wire import ListMessageBuilder, allocate_response
 from devplug.model import ContainerAllocation, DeviceMap, MapEdit
 from devplug.scanners.base import Allocator, ContainerPreStarter, PostAllocator, PreferredAllocator
 
-log = structlog.get_logger("devplug.servicer")
+log = structlog.get_logger(__name__)
 
 T = TypeVar("T")
 

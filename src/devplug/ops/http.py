@@ -50,7 +50,7 @@ import structlog
 
 from devplug._kits.problems import ProblemLog
 
-log = structlog.get_logger("devplug.http")
+log = structlog.get_logger(__name__)
 
 MAX_HEADER_BYTES = 8192
 # A scrape or a probe takes milliseconds; a client holding a connection longer is idle or

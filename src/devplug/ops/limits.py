@@ -12,7 +12,7 @@ import resource
 
 import structlog
 
-log = structlog.get_logger("devplug.limits")
+log = structlog.get_logger(__name__)
 
 # A hard limit this high (RLIM_INFINITY included) is clamped: a descriptor table sized for it
 # would cost memory for nothing.

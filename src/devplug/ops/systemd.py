@@ -21,7 +21,7 @@ import structlog
 
 from devplug._kits.problems import ProblemLog, error_reason
 
-log = structlog.get_logger("devplug.systemd")
+log = structlog.get_logger(__name__)
 
 
 SENT_KEPT = 64

@@ -28,7 +28,7 @@ from devplug.naming import MAX_DEVICE_ID, sanitize_device_id, validate_resource_
 from devplug.scanners.incremental import RemovedPaths, SourceIndex, TouchedPaths, TreeEdit
 from devplug.scanners.udev import UdevDevice, UdevEvent, UdevSource
 
-log = structlog.get_logger("devplug.scanners.generic")
+log = structlog.get_logger(__name__)
 
 MAX_SHARES = 1000
 

@@ -49,7 +49,7 @@ from devplug.scanners.intel_gpu.policy import preferred_gpu_shares, share_order
 from devplug.scanners.intel_gpu.settings import IntelGpuSettings, refuse_if_too_big
 from devplug.scanners.udev import UdevEvent, UdevSource
 
-log = structlog.get_logger("devplug.scanners.intel_gpu")
+log = structlog.get_logger(__name__)
 
 RESOURCE_PREFIX = "gpu.intel.com/"
 # The drm drivers of Intel GPUs: each is a resource, gpu.intel.com/<driver>.

@@ -19,7 +19,7 @@ from devplug.config import SectionSettings
 from devplug.errors import ConfigError
 from devplug.sizing import KUBELET_MAX_RECEIVE_BYTES, most_shares, shared_ids_bytes
 
-log = structlog.get_logger("devplug.scanners.intel_gpu")
+log = structlog.get_logger(__name__)
 
 AllocationPolicy = Literal["none", "balanced", "packed"]
 ByPath = Literal["single", "none", "all"]

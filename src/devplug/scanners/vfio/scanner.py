@@ -36,7 +36,7 @@ from devplug.scanners.udev import UdevEvent, UdevSource
 from devplug.scanners.vfio.discovery import PciFunction, read_functions
 from devplug.scanners.vfio.settings import VfioSettings
 
-log = structlog.get_logger("devplug.scanners.vfio")
+log = structlog.get_logger(__name__)
 
 CONTAINER_NODE = "/dev/vfio/vfio"
 IOMMUFD_NODE = "/dev/iommu"
