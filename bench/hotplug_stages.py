@@ -13,7 +13,7 @@ process: ``time.perf_counter``), giving per stage p50 / p99 / max:
     rescan       the worker thread round trip: the scanner's re-read, the tree edit, the list
                  limit, and the thread hand-offs
     health gate  HealthGate.gate over the scanners' tree
-    publish      Daemon._publish: diff + new map to the server, metrics, CDI hand-over, stats
+    publish      ScanLoop._publish until delivered: diff + new map to the server, metrics, stats
     wake         publish -> the ListAndWatch stream runs (task switch)
     message      the stream's message: ListMessageBuilder.build + its size
     serialize    grpc's call of SerializeToString

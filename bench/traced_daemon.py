@@ -15,7 +15,7 @@ Stages, in the order an event meets them:
     rescan      ScanRunner._rescan                ... the scanner's incremental re-read
     edit        DeviceTree.with_changes           ... the tree edit
     list_limit  ListLimit.fit                     ... the ListAndWatch size guard
-    publish     Daemon._publish                   servers, metrics, CDI hand-over, stats
+    publish     ScanLoop._publish                 publication until delivered: servers, stats
     gate        HealthGate.gate                   the health hold-down (before publish)
     apply       ResourceServers.apply             ... diff + pushing the new map
     diff        kubelet.servers.diff              ... the pure tree diff
@@ -82,9 +82,9 @@ def _wrap(owner: Any, attribute: str, name: str) -> None:
 def install() -> None:
     import grpc
 
-    from devplug import daemon, model
+    from devplug import model
     from devplug.cdi import carry_out, sync
-    from devplug.hotplug import health, list_limit, listener, scanning
+    from devplug.hotplug import health, list_limit, listener, loop, scanning
     from devplug.kubelet import servers, servicer, wire
     from devplug.ops import metrics
 
@@ -96,7 +96,7 @@ def install() -> None:
     _wrap(model.DeviceTree, "with_changes", "edit")
     _wrap(list_limit.ListLimit, "fit", "list_limit")
     _wrap(health.HealthGate, "gate", "gate")
-    _wrap(daemon.Daemon, "_publish", "publish")
+    _wrap(loop.ScanLoop, "_publish", "publish")
     _wrap(servers.ResourceServers, "apply", "apply")
     servers.diff = _timed("diff", servers.diff)  # type: ignore[attr-defined]
     _wrap(metrics.Metrics, "set_devices", "metrics")

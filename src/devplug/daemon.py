@@ -1,12 +1,15 @@
 """The daemon: the parts wired together, started in order, stopped in reverse.
 
 - :mod:`devplug.hotplug` scans (at start, on udev events, on the resync) and publishes the
-  advertised tree;
-- :mod:`devplug.kubelet` serves each resource of it to the kubelet;
-- :mod:`devplug.cdi` keeps the CDI spec files in line with it;
+  advertised tree, one value (``scan_loop.advertised``);
+- :mod:`devplug.kubelet` follows it and serves each resource to the kubelet;
+- :mod:`devplug.cdi` follows it and keeps the CDI spec files in line with it;
 - :mod:`devplug.ops` counts, answers probes and talks to systemd.
 
-They meet only here. Each part is entered into one ``AsyncExitStack`` in dependency order,
+They meet only here, and no tree passes through here: each front follows the published value
+and works out its own diff. After each publication the scan loop waits until the kubelet
+front has the tree (the kubelet waits on its lists; CDI, which waits for the loop's quiet,
+comes after it). Each part is entered into one ``AsyncExitStack`` in dependency order,
 so shutdown is LIFO by structure: systemd hears STOPPING first, the scan loop stops before
 the servers it feeds, the servers before the kubelet dir watch they wait on, the CDI specs
 go after the servers (so Allocate never names a spec already removed), the listener last.
@@ -20,7 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -133,7 +136,7 @@ class Daemon:
             listener,
             HealthGate(hotplug.health_hold_down_s),
             hotplug,
-            self._publish,
+            delivered=self._delivered,
             observe=self._scanned,
             observe_events=self._events_taken,
             reload=self._reload,
@@ -146,11 +149,9 @@ class Daemon:
         self.cdi_catalog = CdiCatalog(on_change=self._cdi_changed)
         self._cdi_sync: CdiSync | None = None
         self._cdi_scanners = tuple(scanners)  # they name this daemon's instance
-        # The latest tree published, for the CDI task when it starts.
-        self._cdi_tree: DeviceTree | None = None
-        # Resources whose first ListAndWatch list the CDI task waits for (None: not yet known).
-        self._lists_awaited: set[str] | None = None
-        self._first_lists = asyncio.Event()
+        # Resources whose first ListAndWatch list is out (the CDI task waits for those of the
+        # first scan; see _run_cdi).
+        self._lists_out: LatestValue[frozenset[str]] = LatestValue(frozenset())
         names: CdiNames | None = None
         if cdi.enabled:
             names = CdiNames(CdiOptions(self.cdi_catalog, cdi.annotations, cdi.device_specs))
@@ -182,8 +183,6 @@ class Daemon:
                 on_change=self._cdi_changed,
                 quiet=self.scan_loop.quiet,
             )
-            if self._cdi_tree is not None:
-                self._cdi_sync.submit(self._cdi_tree)
         return self._cdi_sync
 
     @property
@@ -246,6 +245,9 @@ class Daemon:
                 running(group, self.watcher.run(), name="kubelet-watcher")
             )
             await parts.enter_async_context(self.servers.serving(group))
+            await parts.enter_async_context(
+                running(group, self.servers.follow(self.scan_loop.advertised), name="servers")
+            )
             await self._start_http(parts)
             await parts.enter_async_context(running(group, self.scan_loop.run(), name="scan-loop"))
             parts.callback(self.systemd.close)
@@ -270,14 +272,14 @@ class Daemon:
         (Allocate names a device through CDI only once its spec is on disk), so their modules
         and first render wait rather than delay the first list."""
         await self.first_scan_done.wait()
+        served = set(self.servers.servers)  # the first scan's, delivered by now
         with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(CDI_START_TIMEOUT_S):
-                await self._first_lists.wait()
+            await self._lists_out.wait_for(served.issubset, timeout=CDI_START_TIMEOUT_S)
         if self.stop_requested.is_set():
             return  # stopping before the first lists: no spec to write only to delete
         sync = self.cdi_sync
         assert sync is not None
-        await sync.run()
+        await sync.run(self.scan_loop.advertised)
 
     def _stop_cdi(self) -> None:
         if self._cdi_sync is not None:
@@ -288,12 +290,12 @@ class Daemon:
             await self._cdi_sync.close()
 
     def _list_built(self, resource: str) -> None:
-        awaited = self._lists_awaited
-        if awaited is not None and resource in awaited:
-            awaited.discard(resource)
-            if not awaited:
-                # Set on the next turn of the loop: gRPC hands this list to its core first.
-                asyncio.get_running_loop().call_soon(self._first_lists.set)
+        if resource not in self._lists_out.value:
+            # Noted on the next turn of the loop: gRPC hands this list to its core first.
+            asyncio.get_running_loop().call_soon(self._list_out, resource)
+
+    def _list_out(self, resource: str) -> None:
+        self._lists_out.set(self._lists_out.value | {resource})
 
     def _stopping(self) -> None:
         log.info("daemon.stopping")
@@ -370,19 +372,15 @@ class Daemon:
 
     # ------------------------------------------------------------------ the flow
 
-    async def _publish(self, tree: DeviceTree, owners: Mapping[str, Scanner]) -> None:
-        """To the servers first (the kubelet waits on them), then to the CDI task."""
-        if self._lists_awaited is None:  # the first scan: its resources' first lists
-            self._lists_awaited = set(tree)
-            if not tree:
-                self._first_lists.set()
-        await self.servers.apply(tree, owners)
+    async def _delivered(self, version: int) -> None:
+        """After the scan loop's publication ``version``: once the servers have it (the
+        kubelet waits on them), count what is advertised now."""
+        await self.servers.applied.wait_for(lambda applied: applied >= version)
         self._registration_changed()  # resources added or removed
-        self.metrics.set_devices(tree)
-        self._cdi_tree = tree
-        if self._cdi_sync is not None:
-            self._cdi_sync.submit(tree)
-        self._update_stats(advertised=tree)
+        advertised = self.scan_loop.advertised.value
+        if advertised is not None:
+            self.metrics.set_devices(advertised.tree)
+            self._update_stats(advertised=advertised.tree)
 
     def _scanned(self, result: ScanResult) -> None:
         kind = "incremental" if result.full == 0 and result.incremental else "full"

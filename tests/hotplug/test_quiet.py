@@ -3,29 +3,27 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping
 
 from devplug.config import HotplugSettings
 from devplug.hotplug.health import HealthGate
 from devplug.hotplug.listener import UeventListener
 from devplug.hotplug.loop import ScanLoop
 from devplug.hotplug.scanning import ScanRunner
-from devplug.model import DeviceInfo, DeviceNode, DeviceTree
-from devplug.scanners.base import Scanner
+from devplug.model import DeviceInfo, DeviceNode
 from devplug.testing.harness import StaticScanner
 
 RESOURCE = "example.com/serial"
 
 
-class HeldPublisher:
-    """A publisher that holds each publication until the test lets it go."""
+class HeldDelivery:
+    """A delivery that holds each publication until the test lets it go."""
 
     def __init__(self) -> None:
         self.entered = asyncio.Event()
         self.release = asyncio.Event()
         self.count = 0
 
-    async def __call__(self, tree: DeviceTree, owners: Mapping[str, Scanner]) -> None:
+    async def __call__(self, version: int) -> None:
         self.count += 1
         self.entered.set()
         await self.release.wait()
@@ -44,13 +42,13 @@ async def settle() -> None:
 
 async def test_quiet_only_while_the_loop_waits_with_nothing_pending() -> None:
     scanner = StaticScanner({RESOURCE: {"dev0": DeviceInfo(nodes=(DeviceNode("/dev/tty0"),))}})
-    publish = HeldPublisher()
+    publish = HeldDelivery()
     scan_loop = ScanLoop(
         ScanRunner([scanner]),
         UeventListener(None, None, lambda: None),
         HealthGate(0),
         HotplugSettings(source="none", poll_s=3600, resync_s=3600),
-        publish,
+        delivered=publish,
     )
     assert not quiet_now(scan_loop)  # not running yet: its first scan is still to come
     task = asyncio.create_task(scan_loop.run())

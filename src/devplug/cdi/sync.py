@@ -1,7 +1,8 @@
 """Keeping the CDI spec files in line with the advertised devices, off the RPC path.
 
-After each scan the daemon hands the new tree to :class:`CdiSync`, whose task rebuilds the
-specs of the resources that changed and writes those whose bytes changed (through aiofiles).
+:class:`CdiSync` follows the advertised tree (``run(trees)``: the scan loop's publications;
+or trees handed over with :meth:`CdiSync.submit`), and its task rebuilds the specs of the
+resources that changed and writes those whose bytes changed (through aiofiles).
 Specs are written when devices are discovered, not inside Allocate; a resource that goes away
 takes its spec with it, and so does an orderly shutdown unless ``keep_on_exit``. What each
 pass came to is kept in a :class:`~devplug.cdi.ledger.SpecLedger`. At start-up, once the
@@ -33,13 +34,14 @@ import asyncio
 import contextlib
 import math
 from collections.abc import Awaitable, Callable, Sequence
+from typing import Protocol
 
 import structlog
 
 from devplug._kits.backoff import Backoff
 from devplug._kits.dirwatch import DirWatcher
 from devplug._kits.problems import ProblemLog, error_reason
-from devplug._kits.values import LatestValue
+from devplug._kits.values import LatestValue, Watchable
 from devplug.cdi.build import SpecRenderer
 from devplug.cdi.carry_out import SLICE_S, PassAbandoned, carry_out, yield_to_loop
 from devplug.cdi.catalog import CdiCatalog
@@ -80,6 +82,13 @@ CLOSE_TIMEOUT_S = 3.0
 # left then fail at once), and the removals themselves half of it before the end (a file
 # operation that hangs, on a stuck disk), which leaves time to let go of the lock.
 CLOSE_SPARE_S = 1.0
+
+
+class PublishedTree(Protocol):
+    """One publication of the tree CDI follows (the scan loop's ``Advertised``)."""
+
+    @property
+    def tree(self) -> DeviceTree: ...
 
 
 def _relevant(name: str) -> bool:
@@ -189,15 +198,23 @@ class CdiSync:
             )
             return None
 
-    async def run(self) -> None:
-        """Follow the tree and the CDI dir until cancelled."""
+    async def run(self, trees: Watchable[PublishedTree | None] | None = None) -> None:
+        """Follow the tree (``trees``' publications, or what :meth:`submit` hands over) and the
+        CDI dir until cancelled."""
         with contextlib.suppress(OSError):  # failures are logged by the passes that follow
             await self.store.prepare()  # the dir exists before it is watched
         async with asyncio.TaskGroup() as group:
+            if trees is not None:
+                group.create_task(self._follow_trees(trees), name="cdi-tree-follow")
             group.create_task(self.watcher.run(), name="cdi-dir-watch")
             group.create_task(self._follow_dir(), name="cdi-dir-follow")
             group.create_task(self._follow_holders(), name="cdi-holders-follow")
             await self._passes()
+
+    async def _follow_trees(self, trees: Watchable[PublishedTree | None]) -> None:
+        async for published in trees.as_changed():
+            if published is not None:
+                self.submit(published.tree)
 
     async def _follow_dir(self) -> None:
         version = self.watcher.changes.version

@@ -8,12 +8,15 @@ ends -> the gate's new view, without a rescan; a scanner that failed -> a full s
 a back-off (0.5 s doubling to 30 s; its previous result is advertised meanwhile). Nothing
 wakes the loop otherwise.
 
-Each result goes through the health gate and is handed to ``publish``: the daemon's
-composition passes it to the kubelet front, then to the CDI sync. The loop knows neither.
-Work that must never delay the hotplug path (the CDI sync's) awaits :meth:`ScanLoop.quiet`
-between its slices: it returns while the loop is parked with nothing pending, so from a
-uevent's read to its list's publication such work stands still (unless that takes longer
-than the waiter's own bound: the CDI sync's is half a second).
+Each result goes through the health gate and is published as one value,
+:attr:`ScanLoop.advertised` (an :class:`Advertised`: the tree and, per resource, its scanner).
+The fronts follow it, each with its own diff (trees record their edits, so a hotplug event
+costs what it changed); the loop knows none of them. After each publication it awaits
+``delivered`` (the composition's: until the kubelet front, whose lists the kubelet waits on,
+has taken that tree) before it goes on. Work that must never delay the hotplug path (the CDI
+sync's) awaits :meth:`ScanLoop.quiet` between its slices: it returns while the loop is parked
+with nothing pending, so from a uevent's read to its list's delivery such work stands still
+(unless that takes longer than the waiter's own bound: the CDI sync's is half a second).
 """
 
 from __future__ import annotations
@@ -23,10 +26,12 @@ import contextlib
 import gc
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
 
 import structlog
 
 from devplug._kits.backoff import Backoff
+from devplug._kits.values import LatestValue, Watchable
 from devplug.config import HotplugSettings
 from devplug.hotplug.health import HealthGate
 from devplug.hotplug.listener import EventBatch, MonitorSource, UeventListener
@@ -37,8 +42,19 @@ from devplug.scanners.udev import UdevEvent
 
 log = structlog.get_logger("devplug.hotplug")
 
-# The advertised tree and, per resource, the scanner whose hooks serve it.
-Publisher = Callable[[DeviceTree, Mapping[str, Scanner]], Awaitable[None]]
+
+@dataclass(frozen=True, slots=True)
+class Advertised:
+    """One publication: the advertised tree and, per resource, the scanner whose hooks serve
+    it (the fronts read what they need of it through protocols of their own)."""
+
+    tree: DeviceTree
+    owners: Mapping[str, Scanner]
+
+
+# Awaited after each publication with its version (of ScanLoop.advertised): returns once the
+# followers that must have each tree before the loop goes on have taken it.
+Delivery = Callable[[int], Awaitable[None]]
 # Told of every scan (metrics, stats) and of every batch of events taken.
 ScanObserver = Callable[[ScanResult], None]
 EventObserver = Callable[[EventBatch], None]
@@ -59,8 +75,8 @@ class ScanLoop:
         listener: UeventListener,
         health: HealthGate,
         settings: HotplugSettings,
-        publish: Publisher,
         *,
+        delivered: Delivery | None = None,
         observe: ScanObserver | None = None,
         observe_events: EventObserver | None = None,
         reload: Callable[[], Awaitable[None]] | None = None,
@@ -70,7 +86,9 @@ class ScanLoop:
         self.listener = listener
         self.health = health
         self.settings = settings
-        self._publish = publish
+        self._delivered = delivered
+        # None until the first scan is published.
+        self._advertised: LatestValue[Advertised | None] = LatestValue(None)
         self._observe = observe
         self._observe_events = observe_events
         self._reload = reload
@@ -90,6 +108,12 @@ class ScanLoop:
         self._quiet = asyncio.Event()
         self._parked = False
 
+    @property
+    def advertised(self) -> Watchable[Advertised | None]:
+        """What the loop publishes: the advertised tree and its owners (None before the first
+        scan). Every front follows it."""
+        return self._advertised
+
     def wake(self) -> None:
         """Something happened (a udev event): look at once."""
         self._wake.set()
@@ -98,8 +122,8 @@ class ScanLoop:
     async def quiet(self) -> None:
         """Return once the hotplug path is quiet: the loop parked, waiting for work, with no
         event, request or scan pending (at once if it is). After a uevent it returns only
-        once that event's tree has been published, so the kubelet front's streams, woken by
-        the publication, run before anything that awaited this."""
+        once that event's tree has been published and delivered, so the kubelet front's
+        streams, woken by it, run before anything that awaited this."""
         await self._quiet.wait()
 
     def _note_quiet(self) -> None:
@@ -162,6 +186,12 @@ class ScanLoop:
             self._quiet.clear()
             await self._publish(self.health.gate(self._raw), self._owners)
         self._note_quiet()
+
+    async def _publish(self, tree: DeviceTree, owners: Mapping[str, Scanner]) -> None:
+        """Publish, then wait for its delivery (under the lock: one tree at a time)."""
+        self._advertised.set(Advertised(tree, owners))
+        if self._delivered is not None:
+            await self._delivered(self._advertised.version)
 
     def _resync_period(self) -> float:
         """Until the next full scan: soon after a failed one, else the resync (or poll) period."""

@@ -10,7 +10,19 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Protocol
 
-from devplug.model import ContainerAllocation, DeviceInfo
+from devplug.model import ContainerAllocation, DeviceInfo, DeviceTree
+
+
+class AdvertisedTree(Protocol):
+    """One publication of the tree the front follows (the scan loop's ``Advertised``)."""
+
+    @property
+    def tree(self) -> DeviceTree: ...
+
+    @property
+    def owners(self) -> Mapping[str, object]:
+        """resource -> the scanner whose hooks serve it."""
+        ...
 
 
 class ServingEvents(Protocol):

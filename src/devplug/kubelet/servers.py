@@ -1,8 +1,11 @@
 """Keeps one ResourceServer per resource of the advertised DeviceTree.
 
-``apply(tree, owners)`` diffs the new tree against the current one: a new resource gets a
-server task (named, inside the daemon's TaskGroup, so a crash reaches the supervisor instead
-of vanishing), which first awaits the scanner's start hook (retried until it returns: the
+``follow(advertised)`` applies each tree the scan loop publishes (the latest one: a tree
+overtaken while the previous one was applied is skipped, and the diff covers both), less the
+resources another front serves (``served_elsewhere``: the DRA front's); :attr:`applied` says
+which publication is in place. ``apply(tree, owners)`` diffs the new tree against the current
+one: a new resource gets a server task (named, inside the daemon's TaskGroup, so a crash
+reaches the supervisor instead of vanishing), which first awaits the scanner's start hook (retried until it returns: the
 resource stays unregistered meanwhile), then serves; a changed one gets its new list pushed;
 a removed one first sends an empty list, then its server stops and its socket goes, then the
 scanner's stop hook runs. At the end of ``serving`` every server stops, then every stop hook
@@ -23,12 +26,13 @@ from typing import Any
 
 import structlog
 
+from devplug._kits.values import LatestValue, Watchable
 from devplug.kubelet.diff import diff
 from devplug.kubelet.lifecycle import Lifecycle
 from devplug.kubelet.registration import KubeletDirWatcher
-from devplug.kubelet.seams import AnswerExtension, ServingEvents
+from devplug.kubelet.seams import AdvertisedTree, AnswerExtension, ServingEvents
 from devplug.kubelet.server import DEFAULT_TIMING, ResourceServer, ServerTiming
-from devplug.model import DeviceTree
+from devplug.model import DeviceInfo, DeviceTree
 
 log = structlog.get_logger(__name__)
 
@@ -50,8 +54,11 @@ class ResourceServers:
         extension: AnswerExtension | None = None,
         events: ServingEvents | None = None,
         stop_hooks_bound: Callable[[], float] | None = None,
+        served_elsewhere: frozenset[str] = frozenset(),
     ) -> None:
         self.kubelet_dir = kubelet_dir
+        # Resources another front serves: never served nor registered here, whatever the tree.
+        self.served_elsewhere = served_elsewhere
         # At shutdown: the seconds the stop hooks may take (None: the hook timeout alone).
         self.stop_hooks_bound = stop_hooks_bound
         self.extension = extension
@@ -67,6 +74,8 @@ class ResourceServers:
         # its next lifecycle wait for it (a resource's hook calls never overlap).
         self._leftovers: dict[str, asyncio.Future[Any]] = {}
         self.tree = DeviceTree()
+        # The version of the publication followed that is in place (see follow()).
+        self._applied = LatestValue(0)
 
     @contextlib.asynccontextmanager
     async def serving(self, task_group: asyncio.TaskGroup) -> AsyncIterator[None]:
@@ -84,6 +93,26 @@ class ResourceServers:
             self._owed.clear()
             bound = None if self.stop_hooks_bound is None else self.stop_hooks_bound()
             await asyncio.gather(*(lifecycle.stop(bound) for lifecycle in owed))
+
+    @property
+    def applied(self) -> Watchable[int]:
+        """The version of the last publication :meth:`follow` applied (0: none yet)."""
+        return self._applied
+
+    async def follow(self, advertised: Watchable[AdvertisedTree | None]) -> None:
+        """Apply every tree ``advertised`` publishes, until cancelled (inside :meth:`serving`)."""
+        async for published in advertised.as_changed():
+            version = advertised.version  # the value's own: nothing ran since it was yielded
+            if published is not None:
+                await self.apply(self._served_here(published.tree), published.owners)
+            self._applied.set(version)
+
+    def _served_here(self, tree: DeviceTree) -> DeviceTree:
+        """``tree`` less the resources another front serves (the others' edits kept)."""
+        elsewhere: dict[str, Mapping[str, DeviceInfo]] = {
+            name: {} for name in self.served_elsewhere if name in tree
+        }
+        return tree.narrowed(elsewhere) if elsewhere else tree
 
     @property
     def servers(self) -> Mapping[str, ResourceServer]:
