@@ -68,7 +68,7 @@ def test_cdi_dir_from_file_env_and_flag(tmp_path: Path) -> None:
         (
             "cdi: {kinds: {example.com/a: example.com/xy, example.com/b: example.com/xy}}",
             "cdi.kinds",
-            "share the spec file",
+            "example.com/a and example.com/b would share the spec file example.com-xy.json",
         ),
         ("cdi: {enable: false}", "cdi.enable", "did you mean 'enabled'"),
         ("cdi: [x]", "cdi", "valid dictionary"),

@@ -2,14 +2,16 @@ from __future__ import annotations
 
 import pytest
 
-from devplug.errors import InvalidNameError
+from devplug.errors import CdiSpecError, InvalidNameError
 from devplug.naming import (
     MAX_DEVICE_ID,
+    SpecFileClash,
     device_id_problem,
     natural_key,
     resource_name_problem,
     sanitize_device_id,
     socket_file_name,
+    spec_files,
     validate_resource_name,
 )
 
@@ -159,3 +161,36 @@ def test_a_trailing_newline_is_not_part_of_any_valid_name() -> None:
     assert resource_name_problem("example.com\n/gpu") is not None
     assert cdi_kind_problem("example.com/gpu\n") is not None
     assert device_id_problem("gpu0") is None and resource_name_problem("example.com/gpu") is None
+
+
+def test_two_kinds_on_one_spec_file_leave_it_to_the_first_resource_by_name() -> None:
+    """``a/b-c`` and ``a-b/c`` both give ``a-b-c.json``, as does a kind given twice: the first
+    resource by name has the file, whatever order the kinds come in."""
+    kinds = {
+        "example.com/z": "example.com/xy",
+        "example.com/b": "example-com/bb",
+        "example.com/a": "example.com/xy",
+        "example-com/b": "example.com-b/xx",
+        "example.com/c": "example.com/cc",
+    }
+    files, clashes = spec_files(kinds)
+    assert files == {
+        "example-com/b": "example.com-b-xx.json",
+        "example.com/a": "example.com-xy.json",
+        "example.com/b": "example-com-bb.json",
+        "example.com/c": "example.com-cc.json",
+    }
+    assert list(files) == sorted(files)  # in resource order
+    assert clashes == [SpecFileClash("example.com/z", "example.com-xy.json", "example.com/a")]
+    assert clashes[0].problem == (
+        "example.com/a and example.com/z would share the spec file example.com-xy.json"
+    )
+    assert spec_files({"b.io/y": "ab-cd/ef", "a.io/x": "ab/cd-ef"}) == (
+        {"a.io/x": "ab-cd-ef.json"},
+        [SpecFileClash("b.io/y", "ab-cd-ef.json", "a.io/x")],
+    )
+
+
+def test_spec_files_refuse_an_invalid_kind() -> None:
+    with pytest.raises(CdiSpecError, match="invalid kind 'serial'"):
+        spec_files({"example.com/serial": "serial"})

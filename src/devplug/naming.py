@@ -1,19 +1,23 @@
-"""Naming rules shared by config, scanners, servers and the kubelet simulator.
+"""Naming rules shared by config, scanners, the fronts and the kubelet simulator.
 
 Resource names follow the kubelet's ``IsExtendedResourceName``: the name must contain a "/",
 must not be in the ``kubernetes.io`` namespace, must not start with ``requests.``, and
 ``"requests." + name`` must be a qualified name (a DNS-1123 subdomain prefix of at most 253
 characters, then a name of at most 63 alphanumerics, "-", "_" or "." starting and ending with
 an alphanumeric). Device ids are kept to the CDI device-name alphabet so that one id serves as
-the kubelet's device ID, the CDI device name and a log field without escaping.
+the kubelet's device ID, the CDI device name and a log field without escaping. A CDI kind's
+spec file, and which resource has a file two kinds give, are decided here too: config refuses
+configured kinds that share one, and the CDI front writes by the same rule.
 """
 
 from __future__ import annotations
 
 import hashlib
 import re
+from collections.abc import Mapping
+from typing import NamedTuple
 
-from devplug.errors import InvalidNameError
+from devplug.errors import CdiSpecError, InvalidNameError
 
 _DNS1123_LABEL = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"
 # The patterns are public: the CDI rules (devplug.cdi) use the same ones.
@@ -34,6 +38,10 @@ MAX_DEVICE_ID = 63
 MAX_DRIVER_NAME = 63  # DriverNameMaxLength in k8s.io/api resource/v1 types.go
 # sun_path is 108 bytes on Linux, one of them the terminating NUL.
 MAX_UNIX_SOCKET_PATH = 107
+# The name of every temp file devplug makes beside a file it then puts into place (a CDI spec,
+# an ownership record, a plugin socket): hidden, and with no ".json", ".yaml" or ".sock" end,
+# so runtimes and the kubelet skip it; a clean-up knows devplug's leftovers by it.
+TEMP_PREFIX = ".devplug-tmp-"
 
 
 def resource_name_problem(name: str) -> str | None:
@@ -190,3 +198,43 @@ def driver_name_problem(driver: str) -> str | None:
             "ending with an alphanumeric (a domain the driver's vendor owns, e.g. gpu.intel.com)"
         )
     return None
+
+
+def spec_file_name(kind: str) -> str:
+    """The CDI spec file of ``kind``: ``<vendor>-<class>.json``, the CDI library's
+    GenerateSpecName plus the extension. Raises CdiSpecError for an invalid kind."""
+    problem = cdi_kind_problem(kind)
+    if problem is not None:
+        raise CdiSpecError(f"invalid kind {kind!r}: {problem}")
+    vendor, _, cls = kind.partition("/")
+    return f"{vendor}-{cls}.json"
+
+
+class SpecFileClash(NamedTuple):
+    """A resource left without a spec file: its kind gives a file another resource has."""
+
+    resource: str
+    file_name: str
+    taken_by: str  # the resource that has the file
+
+    @property
+    def problem(self) -> str:
+        return f"{self.taken_by} and {self.resource} would share the spec file {self.file_name}"
+
+
+def spec_files(kinds: Mapping[str, str]) -> tuple[dict[str, str], list[SpecFileClash]]:
+    """Which resource has which spec file, from resource -> CDI kind: resource -> its file
+    name (in resource order), and the clashes. Two kinds can give one file (``a/b-c`` and
+    ``a-b/c``, or one kind given twice): the first resource by name has it, each other one is
+    a clash and has none. Raises CdiSpecError for an invalid kind."""
+    files: dict[str, str] = {}
+    holders: dict[str, str] = {}  # file name -> the resource that has it
+    clashes: list[SpecFileClash] = []
+    for resource in sorted(kinds):
+        file_name = spec_file_name(kinds[resource])
+        holder = holders.setdefault(file_name, resource)
+        if holder == resource:
+            files[resource] = file_name
+        else:
+            clashes.append(SpecFileClash(resource, file_name, holder))
+    return files, clashes

@@ -494,7 +494,7 @@ def test_two_resources_on_one_file_by_configured_kinds() -> None:
     kinds = {"example.com/a": "example.com/xx", "example.com/b": "example.com/xx"}
     with pytest.raises(CdiSpecError) as caught:
         tree_specs(tree, kinds)
-    assert "example.com/a and example.com/b would both be written to example.com-xx.json" in str(
+    assert "example.com/a and example.com/b would share the spec file example.com-xx.json" in str(
         caught.value
     )
 

@@ -25,7 +25,7 @@ from pathlib import Path
 import aiofiles.os
 import pytest
 
-from devplug.cdi.files import SPEC_SUFFIXES, TEMP_PREFIX, UnsafeDirError, remove_temp_files
+from devplug.cdi.files import SPEC_SUFFIXES, UnsafeDirError, remove_temp_files
 from devplug.cdi.mutex import MUTEX_FILE, MUTEX_TIMEOUT_S, StateDirBusyError
 from devplug.cdi.ownership import (
     STATE_DIR,
@@ -39,6 +39,7 @@ from devplug.cdi.ownership import (
 )
 from devplug.cdi.stamps import file_stamp
 from devplug.cdi.store import ForeignSpecError, SpecConflictsError, SpecHeldError, SpecStore
+from devplug.naming import TEMP_PREFIX
 
 RESOURCE = "example.com/serial"
 NAME = "example.com-serial.json"

@@ -18,10 +18,9 @@ from devplug.cdi.names import (
     parse_kind,
     parse_qualified_name,
     qualified_name,
-    spec_file_name,
 )
 from devplug.errors import CdiSpecError, InvalidNameError
-from devplug.naming import validate_resource_name
+from devplug.naming import spec_file_name, validate_resource_name
 
 # The Kubernetes rule for the part of a cdi.k8s.io/ annotation key after the prefix, written
 # out here independently of the module under test.

@@ -27,12 +27,12 @@ from devplug.cdi import files as files_module
 from devplug.cdi import mutex as mutex_module
 from devplug.cdi import store as store_module
 from devplug.cdi.catalog import CdiResource
-from devplug.cdi.files import TEMP_PREFIX
 from devplug.cdi.ownership import STATE_DIR, OwnerLock, read_record
 from devplug.cdi.stamps import FileStamp
 from devplug.cdi.store import SpecStore
 from devplug.config import CdiSettings, Settings
 from devplug.model import ContainerAllocation, DeviceInfo, DeviceNode, DeviceTree, Health, Mount
+from devplug.naming import TEMP_PREFIX
 from devplug.scanners.udev import UdevSource
 from devplug.testing.harness import StaticScanner, daemon_settings, running_daemon
 from devplug.testing.simulator import KubeletSimulator, PluginSession

@@ -36,8 +36,9 @@ from podman_harness import (
 )
 
 from devplug.cdi.build import SpecRenderer
-from devplug.cdi.names import qualified_name, spec_file_name
+from devplug.cdi.names import qualified_name
 from devplug.model import ContainerAllocation, DeviceInfo, DeviceNode
+from devplug.naming import spec_file_name
 from devplug.testing import KubeletSimulator, PluginSession, daemon_process
 
 DEVPLUG = Path(sys.executable).parent / "devplug"  # the installed console script

@@ -14,7 +14,7 @@ from typing import Any
 
 from devplug.cdi.build import SpecRenderer
 from devplug.cdi.catalog import CdiCatalog, CdiResource
-from devplug.cdi.names import cdi_device_name, default_kind, qualified_name, spec_file_name
+from devplug.cdi.names import cdi_device_name, default_kind, qualified_name
 from devplug.cdi.stamps import file_stamp
 from devplug.dra.apiclient import LightkubeApi, load_api_client
 from devplug.dra.checkpoint import CHECKPOINT_FILE, Checkpoint
@@ -22,6 +22,7 @@ from devplug.dra.claims import ClaimPreparer
 from devplug.dra.registration import KubeletPlugin, PluginPaths, PluginTiming
 from devplug.dra.slices import Pool, build_pool
 from devplug.model import DeviceInfo, DeviceNode
+from devplug.naming import spec_file_name
 from devplug.testing.apiserver import ApiServer, allocated_claim
 from devplug.testing.kubelet_dra import ClaimName, KubeletDra
 

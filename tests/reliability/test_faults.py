@@ -29,14 +29,14 @@ import structlog
 
 from devplug._proto import deviceplugin_v1beta1_pb2 as pb
 from devplug._proto import deviceplugin_v1beta1_pb2_grpc as pb_grpc
-from devplug.cdi.files import TEMP_PREFIX
 from devplug.cdi.leftovers import TEMP_FILE_MIN_AGE_S
 from devplug.cdi.ownership import STATE_DIR
 from devplug.config import HotplugSettings
 from devplug.daemon import Daemon
 from devplug.kubelet.registration import CHECKPOINT_FILE, KUBELET_SOCKET
-from devplug.kubelet.server import TEMP_SOCKET_PREFIX, socket_path_for
+from devplug.kubelet.server import socket_path_for
 from devplug.model import DeviceInfo, DeviceNode, DeviceTree
+from devplug.naming import TEMP_PREFIX
 from devplug.scanners.base import Scanner
 from devplug.scanners.generic import GenericScanner
 from devplug.scanners.intel_gpu import IntelGpuScanner
@@ -50,6 +50,7 @@ from devplug.testing import (
     eventually,
     running_daemon,
 )
+from devplug.testing.harness import in_process_daemon
 from devplug.testing.simulator import ListedDevice
 from devplug.testing.umockdev import UmockdevHost, add_intel_gpu, add_usb_serial
 
@@ -250,7 +251,7 @@ class TrappedIntelGpu(IntelGpuScanner):
 
 
 def daemon_task_alive() -> bool:
-    """The task running_daemon started is still running: nothing escaped the daemon."""
+    """The daemon's task (running_daemon's) is still running: nothing escaped the daemon."""
     tasks = [t for t in asyncio.all_tasks() if t.get_name() == "devplug-daemon"]
     return len(tasks) == 1 and not tasks[0].done()
 
@@ -620,7 +621,7 @@ async def test_the_cdi_dir_deleted_while_running(
         add_usb_serial(host, index=index)
     before = outside()
     with structlog.testing.capture_logs() as logs:
-        async with running_daemon(
+        async with in_process_daemon(
             daemon_settings(kubelet_dir, hotplug=hotplug()),
             [GenericScanner.from_config([SERIAL_ENTRY])],
         ) as daemon:
@@ -671,7 +672,7 @@ async def test_no_cdi_name_is_sent_for_a_spec_that_was_deleted(
 ) -> None:
     spec = short_dir / "cdi" / SERIAL_SPEC
     scanner = StaticScanner({SERIAL: serial_devices(1)})
-    async with running_daemon(daemon_settings(kubelet_dir), [scanner]) as daemon:
+    async with in_process_daemon(daemon_settings(kubelet_dir), [scanner]) as daemon:
         session = await kubelet.wait_for_plugin(SERIAL)
         await session.wait_for_update()
         await daemon.stats.wait_for(lambda s: SERIAL in s.cdi_specs, timeout=5)
@@ -896,7 +897,7 @@ async def test_sigterm_while_registering(
         # Its own socket and temporary sockets are gone; only the kubelet's is left.
         leftovers = sorted(p.name for p in kubelet_dir.iterdir())
         assert leftovers in ([], [KUBELET_SOCKET]), leftovers
-        assert not any(n.startswith(TEMP_SOCKET_PREFIX) for n in leftovers)
+        assert not any(n.startswith(TEMP_PREFIX) for n in leftovers)
         # The spec, if it was written before the signal, went with the orderly stop.
         assert not cdi_dir.exists() or visible(cdi_dir) == []
     assert outside() == before

@@ -7,7 +7,7 @@ from collections.abc import Callable
 
 import pytest
 
-from devplug.cdi.names import cdi_device_name, device_name_problem, parse_kind, spec_file_name
+from devplug.cdi.names import cdi_device_name, device_name_problem, parse_kind
 from devplug.errors import CdiSpecError, InvalidNameError
 from devplug.model import DeviceNode, Mount, is_device_node_path
 from devplug.naming import (
@@ -16,6 +16,7 @@ from devplug.naming import (
     device_id_problem,
     resource_name_problem,
     socket_file_name,
+    spec_file_name,
 )
 from devplug.scanners.intel_gpu.discovery import pci_path_of_card
 from devplug.scanners.udev import is_sys_device_path

@@ -25,8 +25,8 @@ import aiofiles.os
 import aiofiles.tempfile
 
 from devplug.cdi.stamps import FileStamp, stamp_of
+from devplug.naming import TEMP_PREFIX
 
-TEMP_PREFIX = ".devplug-tmp-"
 SPEC_MODE = 0o644
 DIR_MODE = 0o755
 SPEC_SUFFIXES = (".json", ".yaml")

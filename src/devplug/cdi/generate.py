@@ -10,11 +10,12 @@ from pathlib import Path
 from typing import NamedTuple
 
 from devplug.cdi.build import resource_spec
-from devplug.cdi.names import default_kind, spec_file_name
+from devplug.cdi.names import default_kind
 from devplug.cdi.spec import Spec, spec_document, spec_json
 from devplug.cdi.store import DEFAULT_INSTANCE, SpecStore
 from devplug.errors import CdiSpecError
 from devplug.model import DeviceTree
+from devplug.naming import spec_files
 
 # Where static specs go: runtimes read it besides /var/run/cdi (which wins on conflicts).
 STATIC_CDI_DIR = Path("/etc/cdi")
@@ -29,23 +30,18 @@ def tree_specs(tree: DeviceTree, kinds: Mapping[str, str]) -> dict[str, Resource
     """spec file name -> (resource, spec), for every resource with something to put in a
     container.
 
-    Raises CdiSpecError for a resource without a valid kind, or two resources on one file.
+    Raises CdiSpecError for a resource without a valid kind, or two resources with a spec on
+    one file.
     """
-    specs: dict[str, ResourceSpec] = {}
-    owners: dict[str, str] = {}
+    made: dict[str, Spec] = {}
     for resource in sorted(tree):
-        kind = kinds.get(resource) or default_kind(resource)
-        name = spec_file_name(kind)
-        if name in owners:
-            raise CdiSpecError(
-                f"{owners[name]} and {resource} would both be written to {name}; "
-                "set cdi.kinds for one of them"
-            )
-        spec = resource_spec(kind, tree[resource])
+        spec = resource_spec(kinds.get(resource) or default_kind(resource), tree[resource])
         if spec is not None:
-            specs[name] = ResourceSpec(resource, spec)
-            owners[name] = resource
-    return specs
+            made[resource] = spec
+    files, clashes = spec_files({resource: spec.kind for resource, spec in made.items()})
+    if clashes:
+        raise CdiSpecError(f"{clashes[0].problem}; set cdi.kinds for one of them")
+    return {files[resource]: ResourceSpec(resource, spec) for resource, spec in made.items()}
 
 
 def config_identity(config_file: Path | None) -> str:

@@ -88,12 +88,6 @@ def default_kind(resource: str) -> str:
     return fixed
 
 
-def spec_file_name(kind: str) -> str:
-    """``<vendor>-<class>.json``, the CDI library's GenerateSpecName plus the extension."""
-    vendor, cls = parse_kind(kind)
-    return f"{vendor}-{cls}.json"
-
-
 def annotation_key(plugin: str, device: str) -> str:
     """``cdi.k8s.io/<plugin>_<device>`` following the CDI library's AnnotationKey rules.
 

@@ -32,7 +32,6 @@ from pathlib import Path
 import aiofiles.os
 
 from devplug.cdi.files import (
-    TEMP_PREFIX,
     check_spec_file_name,
     create_exclusively,
     ensure_dir,
@@ -41,6 +40,7 @@ from devplug.cdi.files import (
     write_atomically,
 )
 from devplug.cdi.stamps import FileStamp, stamp_of
+from devplug.naming import TEMP_PREFIX
 
 STATE_DIR = ".devplug"
 STATE_DIR_MODE = 0o700

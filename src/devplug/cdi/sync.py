@@ -47,13 +47,14 @@ from devplug.cdi.carry_out import SLICE_S, PassAbandoned, carry_out, yield_to_lo
 from devplug.cdi.catalog import CdiCatalog
 from devplug.cdi.ledger import SpecLedger
 from devplug.cdi.leftovers import remove_leftovers
-from devplug.cdi.names import default_kind, spec_file_name
+from devplug.cdi.names import default_kind
 from devplug.cdi.ownership import STATE_DIR, OwnerLock, owner_alive
 from devplug.cdi.plan import Check, Outcome, Plan, Removal, Write
 from devplug.cdi.store import DEFAULT_INSTANCE, SpecStore
 from devplug.config import CdiSettings
 from devplug.errors import CdiSpecError
 from devplug.model import DeviceTree
+from devplug.naming import spec_files
 from devplug.scanners.base import Scanner
 
 log = structlog.get_logger("devplug.cdi")
@@ -278,7 +279,7 @@ class CdiSync:
         """Delete what earlier runs left but the specs of the resources advertised now; True
         when done (False: the dir could not be read, try again)."""
         tree = self._tree.value or DeviceTree()
-        wanted = {spec_file_name(k) for r in tree if (k := self.kind_of(r)) is not None}
+        wanted = set(spec_files(self._kinds(tree))[0].values())
         try:
             await remove_leftovers(self.store, wanted, self._pause)
         except OSError as exc:
@@ -299,30 +300,28 @@ class CdiSync:
         self._reconcile_problem.solved()
         return True
 
+    def _kinds(self, tree: DeviceTree) -> dict[str, str]:
+        """resource -> its CDI kind, for the resources of ``tree`` that have a valid one."""
+        return {r: kind for r in sorted(tree) if (kind := self.kind_of(r)) is not None}
+
     def _plan(self, tree: DeviceTree) -> Plan:
         plan = Plan()
-        claimed: dict[str, str] = {}  # spec file name -> the resource it belongs to
-        for resource in sorted(tree):
+        kinds = self._kinds(tree)
+        files, clashes = spec_files(kinds)
+        for clash in clashes:
+            self._clashes.report(
+                log,
+                "cdi.spec.file_clash",
+                clash.taken_by,
+                key=(clash.resource, clash.file_name),
+                field="taken_by",
+                resource=clash.resource,
+                file=clash.file_name,
+                fix=f"set cdi.kinds for {clash.resource} to a kind of its own",
+            )
+        for resource, file_name in files.items():
             devices = tree[resource]
-            kind = self.kind_of(resource)
-            if kind is None:
-                continue
-            file_name = spec_file_name(kind)
-            owner = claimed.setdefault(file_name, resource)
-            if owner != resource:
-                # Two kinds, one file (a/b-c and a-b/c), or a configured kind equal to another
-                # resource's: the first resource (by name) keeps the file, the other gets none.
-                self._clashes.report(
-                    log,
-                    "cdi.spec.file_clash",
-                    owner,
-                    key=(resource, file_name),
-                    field="taken_by",
-                    resource=resource,
-                    file=file_name,
-                    fix=f"set cdi.kinds for {resource} to a kind of its own",
-                )
-                continue
+            kind = kinds[resource]
             done = self._ledger.written.get(resource)
             failing = self._ledger.failing.current(resource) is not None
             if done is not None and done.devices is devices and not failing:
@@ -339,7 +338,7 @@ class CdiSync:
         for resource, done in self._ledger.written.items():
             if resource not in tree:
                 plan.remove[resource] = Removal(done.entry.file_name, done.stamp)
-            elif claimed.get(done.entry.file_name) != resource:
+            elif files.get(resource) != done.entry.file_name:
                 # Its file now belongs to another resource: forget it without deleting it.
                 plan.forget.add(resource)
         self._ledger.drop_gone(tree)

@@ -36,7 +36,12 @@ from devplug.config.files import read_config_file
 from devplug.config.messages import config_error
 from devplug.config.scanner_names import Respelling, scanner_name
 from devplug.errors import ConfigError
-from devplug.naming import cdi_kind_problem, driver_name_problem, resource_name_problem
+from devplug.naming import (
+    cdi_kind_problem,
+    driver_name_problem,
+    resource_name_problem,
+    spec_files,
+)
 
 __all__ = [
     "DEFAULT_CDI_DIR",
@@ -207,13 +212,9 @@ class CdiSettings(StrictModel):
             problem = cdi_kind_problem(kind)
             if problem is not None:
                 raise ValueError(f"kind {kind!r} for {resource!r}: {problem}")
-        files = [kind.replace("/", "-") for kind in value.values()]
-        clash = sorted({f for f in files if files.count(f) > 1})
-        if clash:
-            raise ValueError(
-                f"two resources would share the spec file {clash[0]}.json; give them "
-                "different kinds"
-            )
+        _, clashes = spec_files(value)
+        if clashes:
+            raise ValueError(f"{clashes[0].problem}; give them different kinds")
         return value
 
 

@@ -45,14 +45,19 @@ from devplug.kubelet.seams import AnswerExtension, NoServingEvents, ServingEvent
 from devplug.kubelet.servicer import DevicePluginServicer
 from devplug.kubelet.waiting import KubeletWait
 from devplug.model import DeviceInfo, MapEdit
-from devplug.naming import MAX_UNIX_SOCKET_PATH, short_socket_file_name, socket_file_name
+from devplug.naming import (
+    MAX_UNIX_SOCKET_PATH,
+    TEMP_PREFIX,
+    short_socket_file_name,
+    socket_file_name,
+)
 
 log = structlog.get_logger(__name__)
 
 SOCKET_MODE = 0o600
-# The temporary name a listener is bound to before it is linked into place.
-TEMP_SOCKET_PREFIX = ".devplug-tmp-"
-TEMP_SOCKET_NAME_LENGTH = len(TEMP_SOCKET_PREFIX) + 12 + len(".sock")
+# The temporary name a listener is bound to before it is linked into place: TEMP_PREFIX, 12
+# hex digits, ".sock".
+TEMP_SOCKET_NAME_LENGTH = len(TEMP_PREFIX) + 12 + len(".sock")
 
 
 @dataclass(frozen=True, slots=True)
@@ -262,7 +267,7 @@ class ResourceServer:
     async def _listen(self) -> None:
         """Start a gRPC server and link its socket into place; the old server stops first."""
         await self._stop_grpc()
-        temporary = self.kubelet_dir / f"{TEMP_SOCKET_PREFIX}{secrets.token_hex(6)}.sock"
+        temporary = self.kubelet_dir / f"{TEMP_PREFIX}{secrets.token_hex(6)}.sock"
         server = grpc.aio.server()
         add_to_server(self.servicer, server)
         try:
