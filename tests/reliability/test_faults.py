@@ -50,7 +50,6 @@ from devplug.testing import (
     eventually,
     running_daemon,
 )
-from devplug.testing.harness import in_process_daemon
 from devplug.testing.simulator import ListedDevice
 from devplug.testing.umockdev import UmockdevHost, add_intel_gpu, add_usb_serial
 
@@ -251,7 +250,7 @@ class TrappedIntelGpu(IntelGpuScanner):
 
 
 def daemon_task_alive() -> bool:
-    """The daemon's task (running_daemon's) is still running: nothing escaped the daemon."""
+    """The task running_daemon started is still running: nothing escaped the daemon."""
     tasks = [t for t in asyncio.all_tasks() if t.get_name() == "devplug-daemon"]
     return len(tasks) == 1 and not tasks[0].done()
 
@@ -621,7 +620,7 @@ async def test_the_cdi_dir_deleted_while_running(
         add_usb_serial(host, index=index)
     before = outside()
     with structlog.testing.capture_logs() as logs:
-        async with in_process_daemon(
+        async with running_daemon(
             daemon_settings(kubelet_dir, hotplug=hotplug()),
             [GenericScanner.from_config([SERIAL_ENTRY])],
         ) as daemon:
@@ -672,7 +671,7 @@ async def test_no_cdi_name_is_sent_for_a_spec_that_was_deleted(
 ) -> None:
     spec = short_dir / "cdi" / SERIAL_SPEC
     scanner = StaticScanner({SERIAL: serial_devices(1)})
-    async with in_process_daemon(daemon_settings(kubelet_dir), [scanner]) as daemon:
+    async with running_daemon(daemon_settings(kubelet_dir), [scanner]) as daemon:
         session = await kubelet.wait_for_plugin(SERIAL)
         await session.wait_for_update()
         await daemon.stats.wait_for(lambda s: SERIAL in s.cdi_specs, timeout=5)
