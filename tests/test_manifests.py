@@ -25,6 +25,7 @@ VERSION = "1.31"
 PATCH = "node-selector.yaml"
 DRA = KUBE / "dra"
 DRA_PATCH = "daemonset-dra.yaml"
+ON_DELETE = "on-delete.yaml"  # the DRA overlay's commented patch, for moving nodes one by one
 # The DRA overlay serves resource.k8s.io/v1, Kubernetes 1.34+.
 DRA_VERSIONS = ("1.34", "1.35", "1.36", "1.37")
 SCANNER_OVERLAYS = [p for p in OVERLAYS if p != DRA]
@@ -35,7 +36,7 @@ def objects() -> list[tuple[Path, dict[str, Any]]]:
     patches)."""
     found = []
     for path in sorted(KUBE.rglob("*.yaml")):
-        if path.name in ("kustomization.yaml", "config.yaml", PATCH, DRA_PATCH):
+        if path.name in ("kustomization.yaml", "config.yaml", PATCH, DRA_PATCH, ON_DELETE):
             continue
         for document in yaml.safe_load_all(path.read_text()):
             if document:
@@ -451,3 +452,29 @@ def test_kustomize_builds_the_dra_overlay(tmp_path: Path) -> None:
     assert built["ClusterRoleBinding"]["subjects"][0]["namespace"] == namespace
     config = yaml.safe_load(built["ConfigMap"]["data"]["config.yaml"])
     assert config["dra"]["resources"] == ["gpu.intel.com/i915"]
+
+
+def test_kustomize_applies_the_on_delete_patch_once_uncommented(tmp_path: Path) -> None:
+    """Moving nodes to DRA one at a time: the DaemonSet replaces a pod only when it is deleted."""
+    kubectl = shutil.which("kubectl")
+    if kubectl is None:
+        pytest.skip("kubectl (with its kustomize) is not installed")
+    tree = tmp_path / "kubernetes"
+    shutil.copytree(KUBE, tree)
+    kustomization = tree / "dra" / "kustomization.yaml"
+    text = kustomization.read_text()
+    commented = f"  # - path: {ON_DELETE}\n"
+    assert commented in text
+    kustomization.write_text(text.replace(commented, f"  - path: {ON_DELETE}\n"))
+    result = subprocess.run(
+        [kubectl, "kustomize", str(tree / "dra")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    (daemonset,) = [d for d in yaml.safe_load_all(result.stdout) if d["kind"] == "DaemonSet"]
+    assert daemonset["spec"]["updateStrategy"] == {"type": "OnDelete"}
+    for version in DRA_VERSIONS:
+        kubernetes_validate.validate(daemonset, version, strict=True)
