@@ -209,26 +209,31 @@ def test_the_node_selector_example_patches_the_daemonset_into_a_valid_one(overla
     )
 
 
-@pytest.mark.parametrize("overlay", ["intel-gpu", "vfio"])
-def test_kustomize_applies_the_node_selector_once_uncommented(overlay: str, tmp_path: Path) -> None:
-    """The same through kustomize itself (kubectl's), where this machine has it."""
+def kustomize(directory: Path) -> list[dict[str, Any]]:
+    """``kubectl kustomize directory``'s objects; the test skips where kubectl is missing."""
     kubectl = shutil.which("kubectl")
     if kubectl is None:
         pytest.skip("kubectl (with its kustomize) is not installed; the merge is checked above")
-    tree = tmp_path / "kubernetes"
-    shutil.copytree(KUBE, tree)
-    kustomization = tree / overlay / "kustomization.yaml"
-    text = kustomization.read_text()
-    kustomization.write_text(text.replace("# patches:\n#   - path:", "patches:\n  - path:"))
     result = subprocess.run(
-        [kubectl, "kustomize", str(tree / overlay)],
+        [kubectl, "kustomize", str(directory)],
         capture_output=True,
         text=True,
         timeout=120,
         check=False,
     )
     assert result.returncode == 0, result.stderr
-    (daemonset,) = [d for d in yaml.safe_load_all(result.stdout) if d["kind"] == "DaemonSet"]
+    return [document for document in yaml.safe_load_all(result.stdout) if document]
+
+
+@pytest.mark.parametrize("overlay", ["intel-gpu", "vfio"])
+def test_kustomize_applies_the_node_selector_once_uncommented(overlay: str, tmp_path: Path) -> None:
+    """The same through kustomize itself (kubectl's), where this machine has it."""
+    tree = tmp_path / "kubernetes"
+    shutil.copytree(KUBE, tree)
+    kustomization = tree / overlay / "kustomization.yaml"
+    text = kustomization.read_text()
+    kustomization.write_text(text.replace("# patches:\n#   - path:", "patches:\n  - path:"))
+    (daemonset,) = [d for d in kustomize(tree / overlay) if d["kind"] == "DaemonSet"]
     patch = yaml.safe_load((KUBE / overlay / PATCH).read_text())
     expected = patch["spec"]["template"]["spec"]["nodeSelector"]
     assert daemonset["spec"]["template"]["spec"]["nodeSelector"] == expected
@@ -420,14 +425,7 @@ def test_the_admission_policy_pins_the_service_account_to_its_own_nodes_slices()
 
 def test_kustomize_builds_the_dra_overlay(tmp_path: Path) -> None:
     """The overlay through kustomize itself (kubectl's), where this machine has it."""
-    kubectl = shutil.which("kubectl")
-    if kubectl is None:
-        pytest.skip("kubectl (with its kustomize) is not installed; the merge is checked above")
-    result = subprocess.run(
-        [kubectl, "kustomize", str(DRA)], capture_output=True, text=True, timeout=120, check=False
-    )
-    assert result.returncode == 0, result.stderr
-    built = {d["kind"]: d for d in yaml.safe_load_all(result.stdout)}
+    built = {d["kind"]: d for d in kustomize(DRA)}
     assert set(built) == {
         "ConfigMap",
         "DaemonSet",
@@ -456,9 +454,6 @@ def test_kustomize_builds_the_dra_overlay(tmp_path: Path) -> None:
 
 def test_kustomize_applies_the_on_delete_patch_once_uncommented(tmp_path: Path) -> None:
     """Moving nodes to DRA one at a time: the DaemonSet replaces a pod only when it is deleted."""
-    kubectl = shutil.which("kubectl")
-    if kubectl is None:
-        pytest.skip("kubectl (with its kustomize) is not installed")
     tree = tmp_path / "kubernetes"
     shutil.copytree(KUBE, tree)
     kustomization = tree / "dra" / "kustomization.yaml"
@@ -466,15 +461,7 @@ def test_kustomize_applies_the_on_delete_patch_once_uncommented(tmp_path: Path) 
     commented = f"  # - path: {ON_DELETE}\n"
     assert commented in text
     kustomization.write_text(text.replace(commented, f"  - path: {ON_DELETE}\n"))
-    result = subprocess.run(
-        [kubectl, "kustomize", str(tree / "dra")],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    assert result.returncode == 0, result.stderr
-    (daemonset,) = [d for d in yaml.safe_load_all(result.stdout) if d["kind"] == "DaemonSet"]
+    (daemonset,) = [d for d in kustomize(tree / "dra") if d["kind"] == "DaemonSet"]
     assert daemonset["spec"]["updateStrategy"] == {"type": "OnDelete"}
     for version in DRA_VERSIONS:
         kubernetes_validate.validate(daemonset, version, strict=True)

@@ -25,10 +25,10 @@ import stat
 import struct
 import subprocess
 import tarfile
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-from cdi_library import real_machine_env
+from cdi_library import real_machine_env, unavailable
 
 HOST_CDI_DIR = Path("/var/run/cdi")
 BUSYBOX = Path("/bin/busybox")
@@ -196,6 +196,25 @@ def why_podman_cannot_run() -> str | None:
     if not BUSYBOX.is_file() or not _is_static_elf(BUSYBOX):
         return f"{BUSYBOX} is missing or not static: apt-get install busybox-static"
     return None
+
+
+@contextlib.contextmanager
+def isolated_podman(base: Path) -> Iterator[Podman]:
+    """A :class:`Podman` under ``base`` with the test image, removed with everything it made
+    afterwards; the test skips (fails with ``CI=true``) where podman cannot run."""
+    reason = why_podman_cannot_run()
+    if reason is not None:
+        unavailable(reason)
+    podman = Podman(base)
+    try:
+        podman.prepare()
+    except RuntimeError as exc:
+        podman.remove_everything()
+        unavailable(str(exc))
+    try:
+        yield podman
+    finally:
+        podman.remove_everything()
 
 
 class HostCdiDir:

@@ -24,8 +24,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
 import pytest
-from cdi_library import unavailable
-from podman_harness import HostCdiDir, Podman, device_id, node_access, why_podman_cannot_run
+from podman_harness import HostCdiDir, Podman, device_id, isolated_podman, node_access
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "dra"))  # the DRA tests' setup
 
@@ -51,20 +50,8 @@ def container_paths(index: int) -> list[str]:
 
 @pytest.fixture(scope="module")
 def podman(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Podman]:
-    """An isolated podman with the busybox image."""
-    reason = why_podman_cannot_run()
-    if reason is not None:
-        unavailable(reason)
-    podman = Podman(tmp_path_factory.mktemp("podman"))
-    try:
-        podman.prepare()
-    except RuntimeError as exc:
-        podman.remove_everything()
-        unavailable(str(exc))
-    try:
+    with isolated_podman(tmp_path_factory.mktemp("podman")) as podman:
         yield podman
-    finally:
-        podman.remove_everything()
 
 
 @pytest.fixture(scope="module")
