@@ -85,6 +85,7 @@ def test_the_daemonset_runs_with_least_privilege() -> None:
     mounts = {m["mountPath"]: m.get("readOnly", False) for m in container["volumeMounts"]}
     assert mounts == {
         "/var/lib/kubelet/device-plugins": False,
+        "/var/lib/kubelet/pod-resources": True,
         "/var/run/cdi": False,
         "/sys": True,
         "/dev": True,

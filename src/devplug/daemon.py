@@ -47,6 +47,8 @@ from devplug.hotplug.listener import (
 )
 from devplug.hotplug.loop import ScanLoop
 from devplug.hotplug.scanning import ScanResult, ScanRunner, event_subsystems
+from devplug.kubelet.holders import HolderWatch
+from devplug.kubelet.podresources import default_socket
 from devplug.kubelet.registration import KubeletDirWatcher
 from devplug.kubelet.server import DEFAULT_TIMING, ServerTiming
 from devplug.kubelet.servers import ResourceServers
@@ -163,6 +165,10 @@ class Daemon:
             events=_Events(self),
             stop_hooks_bound=self._stop_hooks_bound,
         )
+        # Who holds each device, from the kubelet's pod resources API beside its dir.
+        self.holders = HolderWatch(
+            default_socket(settings.kubelet_dir), self.metrics, self._registered_resources
+        )
 
     # ------------------------------------------------------------------ public controls
 
@@ -249,6 +255,9 @@ class Daemon:
                 running(group, self.servers.follow(self.scan_loop.advertised), name="servers")
             )
             await self._start_http(parts)
+            await parts.enter_async_context(
+                running(group, self.holders.run(self.stats), name="pod-resources")
+            )
             await parts.enter_async_context(running(group, self.scan_loop.run(), name="scan-loop"))
             parts.callback(self.systemd.close)
             await parts.enter_async_context(
@@ -344,6 +353,9 @@ class Daemon:
         if not waiting:
             return f"STATUS=serving {served} resource(s), all registered"
         return f"STATUS=serving {served} resource(s); waiting for the kubelet to register {waiting}"
+
+    def _registered_resources(self) -> set[str]:
+        return set(self.servers.servers) - set(self.servers.unregistered())
 
     def _registration_changed(self) -> None:
         self._registrations.set(self._registrations.value + 1)

@@ -99,7 +99,13 @@ def _main(
     if args.command == "status":
         from devplug.cli.status import status_command
 
-        return status_command(args.kubelet_dir, args.output, args.timeout)
+        return status_command(
+            args.kubelet_dir,
+            args.output,
+            args.timeout,
+            pods=args.pods or args.pod_resources_socket is not None,
+            pod_resources_socket=args.pod_resources_socket,
+        )
     if args.command == "dra":
         from devplug.cli.dra import deviceclasses_main
 

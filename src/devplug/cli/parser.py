@@ -37,8 +37,8 @@ _EXITS = {
     "or configuration; 130 interrupted",
     "generate": "0 written or printed; 1 a scanner failed or a spec could not be written (or is "
     "another's); 2 bad usage or configuration; 130 interrupted",
-    "status": "0 every plugin answered; 1 a plugin did not answer, or the dir cannot be read; "
-    "2 bad usage; 130 interrupted",
+    "status": "0 every plugin answered; 1 a plugin did not answer, or the dir cannot be read, "
+    "or (--pods) the pod resources API did not answer; 2 bad usage; 130 interrupted",
     "deviceclasses": "0 printed; 2 bad usage or configuration (no dra section, or a resource "
     "no selector could find)",
     "version": "0",
@@ -217,6 +217,19 @@ def build_parser(
         default=3.0,
         metavar="SECONDS",
         help="per plugin (default 3)",
+    )
+    status.add_argument(
+        "--pods",
+        action="store_true",
+        help="also list each device of devplug's resources with the pod and container that "
+        "hold it, from the kubelet's pod resources API",
+    )
+    status.add_argument(
+        "--pod-resources-socket",
+        type=Path,
+        metavar="PATH",
+        help="the kubelet's pod resources socket, for --pods (default "
+        "pod-resources/kubelet.sock beside the kubelet dir)",
     )
     command("version", "print the version")
     return parser

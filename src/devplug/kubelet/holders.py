@@ -1,11 +1,11 @@
 """Who holds devplug's devices, followed against what devplug advertises.
 
 The kubelet's pod resources API (:mod:`.podresources`) has no watch, so :class:`HolderWatch`
-follows the tree the scan loop publishes and reads the API ``settle_s`` after each new one
-(time for the kubelet to take the new lists; changes meanwhile join in), every ``period_s``
-besides, and only every
-``absent_period_s`` while the socket is absent (a kubelet without the API, a pod without the
-mount: said once, and the daemon carries on). Each reading is compared with the tree:
+follows the tree devplug advertises and reads the API ``settle_s`` after each new one (time
+for the kubelet to take the new lists; changes meanwhile join in), every ``period_s``
+besides, and only every ``absent_period_s`` while the socket is absent (a kubelet without the
+API, a pod without the mount: said once, and the daemon carries on). Each reading is
+compared with the tree:
 
 - a device a container holds that devplug advertises Unhealthy is *unhealthy in use*;
 - a device a container holds that devplug no longer advertises (unplugged, unbound, its
@@ -44,7 +44,7 @@ from devplug.kubelet.podresources import (
 )
 from devplug.model import DeviceMap, DeviceTree, Health
 
-log = structlog.get_logger("devplug.kubelet")
+log = structlog.get_logger(__name__)
 
 # Ids a log line names, at most (the counts are always whole).
 SHOWN_IDS = 10
@@ -54,6 +54,8 @@ UNKNOWN = "unknown"
 
 @dataclass(frozen=True, slots=True)
 class HolderTiming:
+    """When the API is read (see the module's docstring)."""
+
     period_s: float = 30.0
     absent_period_s: float = 300.0
     settle_s: float = 2.0
@@ -91,18 +93,19 @@ class HoldersReport:
     reads: int = 0  # readings that succeeded
     failures: int = 0
     view: PodResourcesView | None = None
-    in_use: Mapping[str, int] = _NO_COUNTS  # resource -> devices a container holds
+    # resource -> devices a container holds
+    in_use: Mapping[str, int] = field(default_factory=lambda: _NO_COUNTS)
     unhealthy_in_use: frozenset[HeldDevice] = frozenset()
     gone_while_allocated: frozenset[HeldDevice] = frozenset()
     # resource -> its confirmed drift; None: unknown (the kubelet gives no allocatable set)
-    drift: Mapping[str, Drift] | None = field(default=None)
+    drift: Mapping[str, Drift] | None = None
 
 
-class PublishedTree(Protocol):
-    """One publication of the advertised tree (the scan loop's ``Advertised``)."""
+class Advertising(Protocol):
+    """What the daemon advertises now (its ``DaemonStats``: the tree the kubelet has had)."""
 
     @property
-    def tree(self) -> DeviceTree: ...
+    def advertised(self) -> DeviceTree: ...
 
 
 class HolderEvents(Protocol):
@@ -155,21 +158,22 @@ class HolderWatch:
     def follow(self, tree: DeviceTree) -> None:
         """The tree devplug advertises now; a reading follows ``settle_s`` later (while the
         socket is absent, only the slow re-check does)."""
+        if tree is self._tree:
+            return
         self._tree = tree
         self._known.update(tree)
         if self._report.value.state != ABSENT:
             self._changed.set()
 
-    async def run(self, advertised: Watchable[PublishedTree | None]) -> None:
-        """Follow ``advertised`` and read the API, until cancelled."""
+    async def run(self, state: Watchable[Advertising]) -> None:
+        """Follow the tree ``state`` advertises and read the API, until cancelled."""
         async with asyncio.TaskGroup() as group:
-            group.create_task(self._follow(advertised), name="pod-resources-follow")
+            group.create_task(self._follow(state), name="pod-resources-follow")
             group.create_task(self._read_on(), name="pod-resources-read")
 
-    async def _follow(self, advertised: Watchable[PublishedTree | None]) -> None:
-        async for published in advertised.as_changed():
-            if published is not None:
-                self.follow(published.tree)
+    async def _follow(self, state: Watchable[Advertising]) -> None:
+        async for now in state.as_changed():
+            self.follow(now.advertised)
 
     async def _read_on(self) -> None:
         while True:
@@ -190,7 +194,7 @@ class HolderWatch:
         async with self._lock:
             tree = self._tree
             try:
-                view = await read_pod_resources(self.socket, resources=self._known)
+                view = await read_pod_resources(self.socket, resources=frozenset(self._known))
             except PodResourcesUnavailable as exc:
                 return self._unavailable(exc)
             return self._compare(view, tree)
@@ -238,7 +242,7 @@ class HolderWatch:
                     continue
                 flagged = gone if info is None else unhealthy
                 flagged.update(HeldDevice(resource, device, holder) for holder in holders)
-        drift = self._drift(view, tree)
+        checked, drift = self._drift(view, tree)
         report = HoldersReport(
             AVAILABLE,
             None,
@@ -255,9 +259,7 @@ class HolderWatch:
             report.in_use,
             _per_resource(report.unhealthy_in_use),
             _per_resource(report.gone_while_allocated),
-            None
-            if drift is None
-            else {r: (len(d.missing), len(d.extra)) for r, d in drift.items()},
+            None if drift is None else {r: _sizes(drift.get(r)) for r in checked | drift.keys()},
         )
         self._report.set(report)
         return report
@@ -282,10 +284,14 @@ class HolderWatch:
         self._healthy[resource] = (devices, ids)
         return ids
 
-    def _drift(self, view: PodResourcesView, tree: DeviceTree) -> dict[str, Drift] | None:
+    def _drift(
+        self, view: PodResourcesView, tree: DeviceTree
+    ) -> tuple[set[str], dict[str, Drift] | None]:
+        """The resources checked, and those of them whose drift is confirmed (None: the
+        kubelet gives no allocatable set)."""
         if view.allocatable is None:
             self._drift_seen = {}
-            return None
+            return set(), None
         registered = set(self._registered())
         # A resource devplug withdrew that the kubelet still offers drifts too.
         resources = (registered & tree.keys()) | (view.allocatable.keys() - tree.keys())
@@ -300,7 +306,7 @@ class HolderWatch:
             del self._healthy[resource]
         confirmed = {r: d for r, d in seen.items() if r in self._drift_seen}
         self._drift_seen = seen
-        return confirmed
+        return resources, confirmed
 
     # ------------------------------------------------------------------ one line per change
 
@@ -311,27 +317,19 @@ class HolderWatch:
         view: PodResourcesView,
         tree: DeviceTree,
     ) -> None:
-        for event, before, now in (
-            (
-                "podresources.device.unhealthy_in_use",
-                previous.unhealthy_in_use,
-                report.unhealthy_in_use,
-            ),
-            (
-                "podresources.device.gone_while_allocated",
-                previous.gone_while_allocated,
-                report.gone_while_allocated,
-            ),
+        unhealthy_before, unhealthy = previous.unhealthy_in_use, report.unhealthy_in_use
+        gone_before, gone = previous.gone_while_allocated, report.gone_while_allocated
+        for held in sorted(unhealthy - unhealthy_before):
+            log.warning("podresources.device.unhealthy_in_use", **_fields(held))
+        for held in sorted(gone - gone_before):
+            log.warning("podresources.device.gone_while_allocated", **_fields(held))
+        for was, cleared in (
+            ("unhealthy_in_use", unhealthy_before - unhealthy),
+            ("gone_while_allocated", gone_before - gone),
         ):
-            for held in sorted(now - before):
-                log.warning(event, **_fields(held))
-            for held in sorted(before - now):
-                log.info(
-                    "podresources.device.cleared",
-                    was=event.rpartition(".")[2],
-                    now=_now(held, view, tree),
-                    **_fields(held),
-                )
+            for held in sorted(cleared):
+                now = _now(held, view, tree)
+                log.info("podresources.device.cleared", was=was, now=now, **_fields(held))
         before_drift = previous.drift or {}
         now_drift = report.drift or {}
         for resource, drift in sorted(now_drift.items()):
@@ -368,6 +366,10 @@ def _now(held: HeldDevice, view: PodResourcesView, tree: DeviceTree) -> str:
     if info is None:
         return "gone"
     return "healthy" if info.health == Health.HEALTHY else "unhealthy"
+
+
+def _sizes(drift: Drift | None) -> tuple[int, int]:
+    return (0, 0) if drift is None else (len(drift.missing), len(drift.extra))
 
 
 def _per_resource(flagged: frozenset[HeldDevice]) -> dict[str, int]:

@@ -99,11 +99,7 @@ def check_socket(socket: Path) -> PodResourcesUnavailable | None:
         mode = os.lstat(socket).st_mode
     except FileNotFoundError:
         where = socket.parent
-        reason = (
-            f"no {socket.name} in {where}"
-            if where.is_dir()
-            else f"no {where} (not mounted, or a kubelet without the pod resources API)"
-        )
+        reason = f"no {socket.name} in {where}" if where.is_dir() else f"no {where}"
         return PodResourcesUnavailable(socket, ABSENT, reason)
     except OSError as exc:
         return PodResourcesUnavailable(socket, NOT_ANSWERING, exc.strerror or str(exc))

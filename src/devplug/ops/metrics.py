@@ -220,6 +220,35 @@ class Metrics:
             "4 MiB receive limit.",
             ["resource"],
         )
+        # From the kubelet's pod resources API (devplug.kubelet.holders), as of its last
+        # reading that succeeded.
+        self.pod_resources_up = _Gauge(
+            "devplug_pod_resources_up",
+            "1 when the last reading of the kubelet's pod resources API succeeded, 0 when the "
+            "socket is absent or did not answer.",
+        )
+        self.devices_in_use = _Gauge(
+            "devplug_devices_in_use",
+            "Devices of the resource a container holds, by the kubelet's pod resources API.",
+            ["resource"],
+        )
+        self.unhealthy_in_use = _Gauge(
+            "devplug_devices_unhealthy_in_use",
+            "Devices a container holds that devplug advertises Unhealthy.",
+            ["resource"],
+        )
+        self.gone_while_allocated = _Gauge(
+            "devplug_devices_gone_while_allocated",
+            "Devices a container holds that devplug no longer advertises (unplugged, unbound).",
+            ["resource"],
+        )
+        self.allocatable_drift = _Gauge(
+            "devplug_kubelet_allocatable_drift",
+            "Devices on which the kubelet's allocatable set and devplug's healthy ones differ, "
+            "by direction: missing (advertised Healthy, not allocatable) and extra (allocatable, "
+            "not advertised Healthy). No series while the kubelet gives no allocatable set.",
+            ["resource", "direction"],
+        )
         # Filled in at the first scrape: reading gRPC's package metadata is start-up time that
         # nothing needs before someone scrapes.
         self.build_info = _Gauge(
@@ -285,6 +314,39 @@ class Metrics:
     def list_built(self, resource: str, size_bytes: int) -> None:
         self.list_bytes.labels(resource).set(size_bytes)
 
+    # The pod resources follower's readings (devplug.kubelet.holders.HolderEvents).
+
+    def pod_resources_read(
+        self,
+        in_use: Mapping[str, int],
+        unhealthy_in_use: Mapping[str, int],
+        gone_while_allocated: Mapping[str, int],
+        drift: Mapping[str, tuple[int, int]] | None,
+    ) -> None:
+        """A reading: every per-resource gauge follows it; resources no longer named read 0."""
+        self.pod_resources_up.labels().set(1)
+        for gauge, counts in (
+            (self.devices_in_use, in_use),
+            (self.unhealthy_in_use, unhealthy_in_use),
+            (self.gone_while_allocated, gone_while_allocated),
+        ):
+            for (resource,), series in gauge.series.items():
+                series.set(counts.get(resource, 0))
+            for resource, count in counts.items():
+                gauge.labels(resource).set(count)
+        if drift is None:
+            self.allocatable_drift.series.clear()  # unknown, which a 0 would hide
+            return
+        for (resource, direction), series in self.allocatable_drift.series.items():
+            missing, extra = drift.get(resource, (0, 0))
+            series.set(missing if direction == "missing" else extra)
+        for resource, (missing, extra) in drift.items():
+            self.allocatable_drift.labels(resource, "missing").set(missing)
+            self.allocatable_drift.labels(resource, "extra").set(extra)
+
+    def pod_resources_unavailable(self) -> None:
+        self.pod_resources_up.labels().set(0)
+
     # Scraping.
 
     @property
@@ -314,6 +376,11 @@ class Metrics:
                 self.udev_overflows,
                 self.list_bytes,
                 self.held_back,
+                self.pod_resources_up,
+                self.devices_in_use,
+                self.unhealthy_in_use,
+                self.gone_while_allocated,
+                self.allocatable_drift,
             ]
         )
 

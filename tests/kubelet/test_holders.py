@@ -1,0 +1,239 @@
+"""The daemon follows who holds its devices (the kubelet stand-in's pod resources API): one log
+line and a metric when a held device turns unhealthy or is unplugged, the drift check against
+the kubelet's allocatable set, and carrying on without the API. Real udev code against
+umockdev hardware where the device changes; the stand-in over real unix sockets."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Iterator, MutableMapping
+from pathlib import Path
+from typing import Any
+
+import pytest
+import structlog
+from prometheus_client.parser import text_string_to_metric_families
+
+from devplug.config import HotplugSettings
+from devplug.daemon import Daemon
+from devplug.kubelet.holders import Drift, HeldDevice, HoldersReport, HolderTiming
+from devplug.kubelet.podresources import Holder, default_socket
+from devplug.model import DeviceInfo, DeviceNode
+from devplug.scanners.generic import GenericScanner
+from devplug.testing import KubeletSimulator, daemon_settings
+from devplug.testing.harness import DaemonStarter, StaticScanner
+from devplug.testing.podresources import PodResourcesGates
+from devplug.testing.umockdev import UmockdevHost, add_usb_serial
+
+SERIAL = "example.com/serial"
+ENTRIES: list[dict[str, Any]] = [
+    {"resource": SERIAL, "match": {"subsystem": "tty", "devnode": "/dev/ttyUSB*"}}
+]
+# Reads soon after each change, so the tests wait less; the logic is the node's.
+QUICK = HolderTiming(period_s=3600, absent_period_s=3600, settle_s=0.05)
+FRONT = Holder("web", "front", "app")
+Logs = list[MutableMapping[str, Any]]
+
+
+@pytest.fixture
+def logs() -> Iterator[Logs]:
+    with structlog.testing.capture_logs() as captured:
+        yield captured
+
+
+def events(logs: Logs, name: str) -> Logs:
+    """The lines logged as ``name`` at info level or above (repeats go out at debug)."""
+    return [e for e in logs if e["event"] == name and e["log_level"] != "debug"]
+
+
+def metric(daemon: Daemon, name: str, **labels: str) -> float | None:
+    """A sample of the daemon's /metrics text (None: no such series)."""
+    for family in text_string_to_metric_families(daemon.metrics.exposition().decode()):
+        for sample in family.samples:
+            if sample.name == name and sample.labels == labels:
+                return sample.value
+    return None
+
+
+@pytest.fixture
+def serial_daemon(
+    host: UmockdevHost, kubelet_dir: Path, start_daemon: DaemonStarter
+) -> Callable[[], Awaitable[Daemon]]:
+    """A daemon serving the mock host's USB serial adapters, udev events on."""
+
+    async def start() -> Daemon:
+        hotplug = HotplugSettings(
+            source="kernel", coalesce_ms=2, resync_s=3600, poll_s=3600, health_hold_down_s=0
+        )
+        daemon = await start_daemon(
+            daemon_settings(kubelet_dir, hotplug=hotplug), [GenericScanner.from_config(ENTRIES)]
+        )
+        daemon.holders.timing = QUICK
+        return daemon
+
+    return start
+
+
+async def test_a_held_device_turning_unhealthy_is_said_once_counted_and_cleared(
+    host: UmockdevHost,
+    kubelet: KubeletSimulator,
+    serial_daemon: Callable[[], Awaitable[Daemon]],
+    logs: Logs,
+) -> None:
+    tty = add_usb_serial(host, index=0)
+    add_usb_serial(host, index=1)
+    daemon = await serial_daemon()
+    session = await kubelet.wait_for_plugin(SERIAL)
+    await session.wait_for_update(lambda listed: len(listed) == 2)
+    await kubelet.allocate(SERIAL, ["ttyUSB0"], pod="web/front", container="app")
+
+    host.set_node_present(tty, False)  # the node vanishes: the device turns unhealthy
+    await host.emit_async("change", tty)
+    held = HeldDevice(SERIAL, "ttyUSB0", FRONT)
+    # No call from the test: the new tree alone makes the daemon read the API.
+    report = await daemon.holders.report.wait_for(lambda r: bool(r.unhealthy_in_use), 10)
+    assert report.unhealthy_in_use == {held} and report.gone_while_allocated == frozenset()
+    assert report.in_use == {SERIAL: 1}
+    (said,) = events(logs, "podresources.device.unhealthy_in_use")
+    assert (said["namespace"], said["pod"], said["container"]) == ("web", "front", "app")
+    assert (said["resource"], said["device"], said["log_level"]) == (SERIAL, "ttyUSB0", "warning")
+    name = "devplug_devices_unhealthy_in_use"
+    assert metric(daemon, name, resource=SERIAL) == 1
+    assert metric(daemon, "devplug_devices_in_use", resource=SERIAL) == 1
+    assert metric(daemon, "devplug_pod_resources_up") == 1
+
+    await daemon.holders.read_now()  # nothing changed: nothing more is said
+    assert len(events(logs, "podresources.device.unhealthy_in_use")) == 1
+
+    host.set_node_present(tty, True)
+    await host.emit_async("change", tty)
+    await daemon.holders.report.wait_for(lambda r: not r.unhealthy_in_use, 10)
+    (cleared,) = events(logs, "podresources.device.cleared")
+    assert (cleared["was"], cleared["now"], cleared["device"]) == (
+        "unhealthy_in_use",
+        "healthy",
+        "ttyUSB0",
+    )
+    assert metric(daemon, name, resource=SERIAL) == 0
+
+
+async def test_an_unplugged_device_still_held_is_gone_while_allocated_until_released(
+    host: UmockdevHost,
+    kubelet: KubeletSimulator,
+    serial_daemon: Callable[[], Awaitable[Daemon]],
+    logs: Logs,
+) -> None:
+    add_usb_serial(host, index=0)
+    tty1 = add_usb_serial(host, index=1)
+    daemon = await serial_daemon()
+    session = await kubelet.wait_for_plugin(SERIAL)
+    await session.wait_for_update(lambda listed: len(listed) == 2)
+    await kubelet.allocate(SERIAL, ["ttyUSB1"], pod="web/front", container="app")
+
+    await host.unplug(tty1.rsplit("/tty/", 1)[0])  # the adapter leaves, with its events
+    await session.wait_for_update(lambda listed: set(listed) == {"ttyUSB0"})
+    report = await daemon.holders.report.wait_for(lambda r: bool(r.gone_while_allocated), 10)
+    assert report.gone_while_allocated == {HeldDevice(SERIAL, "ttyUSB1", FRONT)}
+    (said,) = events(logs, "podresources.device.gone_while_allocated")
+    assert (said["device"], said["pod"], said["log_level"]) == ("ttyUSB1", "front", "warning")
+    assert metric(daemon, "devplug_devices_gone_while_allocated", resource=SERIAL) == 1
+
+    kubelet.release("web/front")  # the pod ended
+    report = await daemon.holders.read_now()
+    assert report.gone_while_allocated == frozenset() and report.in_use == {}
+    (cleared,) = events(logs, "podresources.device.cleared")
+    assert (cleared["was"], cleared["now"]) == ("gone_while_allocated", "released")
+    assert metric(daemon, "devplug_devices_gone_while_allocated", resource=SERIAL) == 0
+    assert metric(daemon, "devplug_devices_in_use", resource=SERIAL) == 0
+
+
+def two_serials() -> StaticScanner:
+    return StaticScanner(
+        {SERIAL: {i: DeviceInfo(nodes=(DeviceNode("/dev/null"),)) for i in ("a", "b")}}
+    )
+
+
+async def test_drift_counts_once_seen_twice_and_clears(
+    kubelet: KubeletSimulator, kubelet_dir: Path, start_daemon: DaemonStarter, logs: Logs
+) -> None:
+    daemon = await start_daemon(daemon_settings(kubelet_dir), [two_serials()])
+    daemon.holders.timing = QUICK
+    await (await kubelet.wait_for_plugin(SERIAL)).wait_for_update()
+    await daemon.stats.wait_for(lambda s: SERIAL in s.advertised, 10)
+    report = await daemon.holders.read_now()
+    assert report.drift == {}  # in step
+    assert (
+        metric(daemon, "devplug_kubelet_allocatable_drift", resource=SERIAL, direction="missing")
+        == 0
+    )
+
+    kubelet.pin_allocatable(SERIAL, ["a", "stale"])  # the kubelet's view went out of step
+    first = await daemon.holders.read_now()
+    assert first.drift == {}  # once is not enough: it may be a list on its way
+    second = await daemon.holders.read_now()
+    assert second.drift == {SERIAL: Drift(frozenset({"b"}), frozenset({"stale"}))}
+    (found,) = events(logs, "podresources.drift.found")
+    assert (found["missing"], found["extra"], found["missing_ids"], found["extra_ids"]) == (
+        1,
+        1,
+        ["b"],
+        ["stale"],
+    )
+    missing = metric(
+        daemon, "devplug_kubelet_allocatable_drift", resource=SERIAL, direction="missing"
+    )
+    extra = metric(daemon, "devplug_kubelet_allocatable_drift", resource=SERIAL, direction="extra")
+    assert (missing, extra) == (1, 1)
+
+    await daemon.holders.read_now()
+    assert len(events(logs, "podresources.drift.found")) == 1  # the same drift: said once
+    kubelet.pin_allocatable(SERIAL, None)
+    assert (await daemon.holders.read_now()).drift == {}
+    assert [e["resource"] for e in events(logs, "podresources.drift.cleared")] == [SERIAL]
+    assert (
+        metric(daemon, "devplug_kubelet_allocatable_drift", resource=SERIAL, direction="missing")
+        == 0
+    )
+
+
+async def test_without_the_api_the_daemon_says_so_once_and_carries_on(
+    kubelet: KubeletSimulator, kubelet_dir: Path, start_daemon: DaemonStarter, logs: Logs
+) -> None:
+    await kubelet.pod_resources.stop()  # a kubelet without the API, or a pod without the mount
+    daemon = await start_daemon(daemon_settings(kubelet_dir), [two_serials()])
+    daemon.holders.timing = QUICK
+    report = await daemon.holders.read_now()
+    await daemon.holders.read_now()
+    # It serves all the same.
+    session = await kubelet.wait_for_plugin(SERIAL)
+    await session.wait_for_update()
+    (answer,) = await session.allocate(["a"])
+    assert answer.nodes
+    assert metric(daemon, "devplug_pod_resources_up") == 0
+    assert report.state == "absent" and report.reason is not None
+    assert (
+        report.reason
+        == f"no {default_socket(kubelet_dir).name} in {kubelet_dir.parent / 'pod-resources'}"
+    )
+    (said,) = events(logs, "podresources.unavailable")  # two readings, one line
+    assert said["log_level"] == "info" and said["state"] == "absent"
+    assert said["retry_in_s"] == QUICK.absent_period_s
+
+
+async def test_a_kubelet_without_allocatable_gives_holders_but_no_drift(
+    kubelet: KubeletSimulator, kubelet_dir: Path, start_daemon: DaemonStarter, logs: Logs
+) -> None:
+    # As a kubelet with KubeletPodResourcesGetAllocatable off answers.
+    kubelet.pod_resources.lister.gates = PodResourcesGates(get_allocatable=False)
+    daemon = await start_daemon(daemon_settings(kubelet_dir), [two_serials()])
+    await (await kubelet.wait_for_plugin(SERIAL)).wait_for_update()
+    await daemon.stats.wait_for(lambda s: SERIAL in s.advertised, 10)
+    await kubelet.allocate(SERIAL, ["b"], pod="web/front", container="app")
+    reports: list[HoldersReport] = [await daemon.holders.read_now() for _ in range(2)]
+    assert all(r.drift is None for r in reports)
+    assert reports[-1].in_use == {SERIAL: 1} and reports[-1].state == "available"
+    drift = metric(
+        daemon, "devplug_kubelet_allocatable_drift", resource=SERIAL, direction="missing"
+    )
+    assert drift is None  # unknown, not 0
+    (said,) = events(logs, "podresources.allocatable.unavailable")
+    assert said["reason"] == "UNKNOWN: Pod Resources API GetAllocatableResources disabled"
