@@ -8,7 +8,7 @@ import hashlib
 import os
 import shutil
 import tempfile
-from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +20,7 @@ import pytest
 os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
 
 from cdi_library import check_spec_dir, in_ci, missing_toolchain
+from helpers import UEVENTS, UeventDaemon
 
 from devplug.cdi import files as cdi_files
 from devplug.cdi import store as cdi_store
@@ -27,8 +28,8 @@ from devplug.cdi.stamps import FileStamp
 from devplug.config import Settings
 from devplug.daemon import Daemon
 from devplug.scanners.base import Scanner
-from devplug.testing import running_daemon
-from devplug.testing.harness import DaemonStarter
+from devplug.testing import daemon_settings
+from devplug.testing.harness import DaemonStarter, in_process_daemon
 from devplug.testing.simulator import KubeletSimulator
 from devplug.testing.umockdev import UmockdevHost, preload_active
 
@@ -80,14 +81,31 @@ def host(short_dir: Path) -> Iterator[UmockdevHost]:
 
 @pytest.fixture
 async def start_daemon(kubelet: KubeletSimulator) -> AsyncIterator[DaemonStarter]:
-    """Factory: in-process daemons (``running_daemon``), stopped in reverse order at the end of
-    the test, before the kubelet simulator they talk to."""
+    """Factory: in-process daemons (``in_process_daemon``: the daemon itself, for tests that
+    look at its parts), stopped in reverse order at the end of the test, before the kubelet
+    simulator they talk to."""
     async with contextlib.AsyncExitStack() as stack:
 
         async def start(settings: Settings, scanners: Sequence[Scanner], **options: Any) -> Daemon:
-            return await stack.enter_async_context(running_daemon(settings, scanners, **options))
+            return await stack.enter_async_context(in_process_daemon(settings, scanners, **options))
 
         yield start
+
+
+@pytest.fixture
+def uevent_daemon(
+    host: UmockdevHost, kubelet_dir: Path, start_daemon: DaemonStarter
+) -> UeventDaemon:
+    """Factory: an in-process daemon serving ``scanners`` from the mock host and driven by
+    its uevents (``helpers.UEVENTS``, with the keys of ``hotplug`` over them)."""
+
+    def start(
+        scanners: Sequence[Scanner], hotplug: Mapping[str, object] | None = None, **options: Any
+    ) -> Awaitable[Daemon]:
+        settings = daemon_settings(kubelet_dir, hotplug={**UEVENTS, **(hotplug or {})})
+        return start_daemon(settings, scanners, **options)
+
+    return start
 
 
 # Contents already loaded by the CDI library in this session (tests write the same specs often).

@@ -195,6 +195,44 @@ def test_every_guide_block_is_in_a_file() -> None:
         assert body.startswith("# "), f"a {language} block names no file"
 
 
+# The modules a plugin author may name: devplug's public ones, each with its __all__.
+PUBLIC_MODULES = ("devplug", "devplug.testing", "devplug.testing.umockdev")
+
+
+def test_the_guide_names_only_public_names() -> None:
+    """What the guide imports from devplug, and every ``devplug.<name>`` it mentions, is
+    public: a public module, or a name in one's ``__all__``."""
+    public = {name: set(importlib.import_module(name).__all__) for name in PUBLIC_MODULES}
+
+    def problem(module: str, name: str | None) -> str | None:
+        if module not in public:
+            return f"{module} is not a public module"
+        if name is not None and name not in public[module]:
+            return f"{name} is not in {module}.__all__"
+        return None
+
+    problems = []
+    for file_name, body in guide_files().items():
+        if not file_name.endswith(".py"):
+            continue
+        for node in ast.walk(ast.parse(body)):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("devplug"):
+                problems += [problem(node.module or "", alias.name) for alias in node.names]
+            elif isinstance(node, ast.Import):
+                problems += [
+                    problem(a.name, None) for a in node.names if a.name.startswith("devplug")
+                ]
+    for dotted in re.findall(r"(?<![\w./-])(devplug(?:\.\w+)+)", GUIDE.read_text()):
+        parts = dotted.split(".")
+        module = max(
+            (".".join(parts[:n]) for n in range(1, len(parts) + 1)),
+            key=lambda prefix: (prefix in public, len(prefix)),
+        )
+        rest = dotted.removeprefix(module).lstrip(".")
+        problems.append(problem(module, rest.split(".")[0] if rest else None))
+    assert [p for p in problems if p is not None] == []
+
+
 @pytest.fixture
 def guide_dir(short_dir: Path) -> Iterator[Path]:
     """The guide's files in a directory that is importable for the duration of a test."""

@@ -26,8 +26,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from devplug import __version__
 from devplug.model import DeviceInfo, DeviceTree
 from devplug.ops.metrics import Metrics
-from devplug.testing import KubeletSimulator, daemon_settings, running_daemon
-from devplug.testing.harness import StaticScanner
+from devplug.testing import KubeletSimulator, StaticScanner, daemon_settings, running_daemon
 
 ROOT = Path(__file__).resolve().parent.parent
 RULES = ROOT / "deploy" / "prometheus" / "devplug-rules.yaml"
@@ -199,8 +198,7 @@ async def test_a_failed_scan_counts_in_devplug_scan_failures_total(
         await (await kubelet.wait_for_plugin("example.com/serial")).wait_for_update()
         scanner.failing = True
         await daemon.rescan()
-        exposition = daemon.metrics.exposition().decode()
-    assert f'devplug_scan_failures_total{{scanner="{scanner.name}"}} 1.0' in exposition
+        assert daemon.metric("devplug_scan_failures_total", scanner=scanner.name) == 1.0
 
 
 def fetch(url: str) -> str:
@@ -217,8 +215,8 @@ async def test_build_info_names_the_versions_on_the_metrics_endpoint(
     scanner = StaticScanner({"example.com/serial": {"dev0": DeviceInfo()}})
     async with running_daemon(settings, [scanner]) as daemon:
         await (await kubelet.wait_for_plugin("example.com/serial")).wait_for_update()
-        assert daemon.http is not None
-        text = await asyncio.to_thread(fetch, f"http://127.0.0.1:{daemon.http.port}/metrics")
+        assert daemon.metrics_port is not None
+        text = await asyncio.to_thread(fetch, f"http://127.0.0.1:{daemon.metrics_port}/metrics")
     families = {family.name: family for family in text_string_to_metric_families(text)}
     (sample,) = families["devplug_build_info"].samples
     assert families["devplug_build_info"].type == "gauge"

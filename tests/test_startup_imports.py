@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from devplug.model import DeviceInfo, DeviceNode
-from devplug.testing import daemon_settings, running_daemon
-from devplug.testing.harness import StaticScanner
+from devplug.testing import StaticScanner, daemon_settings
+from devplug.testing.harness import in_process_daemon
 
 SERIAL = "example.com/serial"
 
@@ -27,8 +27,7 @@ DAEMON = textwrap.dedent(
 
     from devplug.model import DeviceInfo, DeviceNode
     from devplug.ops.metrics import Metrics
-    from devplug.testing import KubeletSimulator, daemon_settings, running_daemon
-    from devplug.testing.harness import StaticScanner
+    from devplug.testing import KubeletSimulator, StaticScanner, daemon_settings, running_daemon
 
     WATCHED = {watched!r}
     RESOURCE = "example.com/serial"
@@ -86,7 +85,7 @@ DAEMON = textwrap.dedent(
                 session = await kubelet.wait_for_plugin(RESOURCE)
                 await session.wait_for_update(lambda listed: len(listed) == 1)
                 report["listed"] = loaded()
-                text = await scrape(daemon.http.port)
+                text = await scrape(daemon.metrics_port)
                 report["scraped"] = loaded()
                 report["answer"] = text.splitlines()[0]
                 report["devices"] = [
@@ -188,7 +187,7 @@ async def test_without_a_kubelet_the_specs_are_written_all_the_same(tmp_path: Pa
     """No first list is coming: the CDI task starts CDI_START_TIMEOUT_S after the first scan."""
     settings = daemon_settings(tmp_path / "kubelet")
     scanner = StaticScanner({SERIAL: {"dev0": DeviceInfo(nodes=(DeviceNode("/dev/null"),))}})
-    async with running_daemon(settings, [scanner]) as daemon:
+    async with in_process_daemon(settings, [scanner]) as daemon:
         assert daemon.servers.unregistered() == [SERIAL]
         await daemon.stats.wait_for(lambda s: SERIAL in s.cdi_specs, timeout=10)
     assert (tmp_path / "cdi" / "example.com-serial.json").exists() is False  # removed on stop

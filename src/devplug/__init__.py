@@ -2,17 +2,25 @@
 
 The public surface for plugin authors is what ``__all__`` lists: the device model, the scanner
 protocols and hooks, the udev view scanners read, the helpers of incremental rescans, the NUMA
-preferred-allocation policy a ``PreferredAllocator`` can configure, and what an entry point
+preferred-allocation policy a ``PreferredAllocator`` can configure, what an entry point
 needs to serve its scanners (``serve``: devplug's command line with the author's scanners;
-``SectionSettings`` for their config sections; ``load_settings``, ``Settings``).
-Everything else is internal. Test tools live in :mod:`devplug.testing`.
+``with_builtins`` to offer devplug's own beside them; ``SectionSettings`` for their config
+sections; ``load_settings``, ``Settings``), the errors (``ScanCancelled`` is the one a scan
+lets through), and ``list_message_bytes`` to size a resource's list against the kubelet's
+limit. Everything else is internal. Test tools live in :mod:`devplug.testing`.
 """
 
 from typing import TYPE_CHECKING
 
 from devplug._kits.lazy import lazy_names
 from devplug._version import __version__
-from devplug.errors import AllocationError, ConfigError, DevplugError, InvalidNameError
+from devplug.errors import (
+    AllocationError,
+    ConfigError,
+    DevplugError,
+    InvalidNameError,
+    ScanCancelled,
+)
 
 if TYPE_CHECKING:
     from devplug.cli import serve
@@ -41,7 +49,9 @@ if TYPE_CHECKING:
         Scanner,
     )
     from devplug.scanners.incremental import TouchedPaths, TreeEdit
+    from devplug.scanners.registry import with_builtins
     from devplug.scanners.udev import UdevDevice, UdevEvent, UdevSource
+    from devplug.sizing import list_message_bytes
 
 # Loaded on first use, each from its module: ``import devplug`` (what the command line's
 # ``version`` and ``--help`` import, and a scanner's first line) brings neither pyudev nor
@@ -82,6 +92,8 @@ _LAZY = {
     **dict.fromkeys(("UdevDevice", "UdevEvent", "UdevSource"), "devplug.scanners.udev"),
     **dict.fromkeys(("SectionSettings", "Settings", "load_settings"), "devplug.config"),
     "serve": "devplug.cli",
+    "with_builtins": "devplug.scanners.registry",
+    "list_message_bytes": "devplug.sizing",
 }
 
 
@@ -111,6 +123,7 @@ __all__ = [
     "Reporter",
     "ResourceStarter",
     "ResourceStopper",
+    "ScanCancelled",
     "Scanner",
     "SectionSettings",
     "Settings",
@@ -122,7 +135,9 @@ __all__ = [
     "__version__",
     "by_first_source",
     "by_info",
+    "list_message_bytes",
     "load_settings",
     "preferred_ids",
     "serve",
+    "with_builtins",
 ]

@@ -14,14 +14,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers import UeventDaemon, health
 
-from devplug.config import HotplugSettings
 from devplug.daemon import Daemon
 from devplug.model import DeviceNode, Mount
 from devplug.scanners.intel_gpu import IntelGpuScanner
-from devplug.testing import KubeletSimulator, daemon_settings
-from devplug.testing.harness import DaemonStarter
-from devplug.testing.simulator import ListedDevice, SimulatorRpcError
+from devplug.testing import KubeletSimulator, ListedDevice, SimulatorRpcError
 from devplug.testing.umockdev import UmockdevHost, add_drm_minors, add_intel_gpu
 
 I915 = "gpu.intel.com/i915"
@@ -32,23 +30,10 @@ DGPU = "0000:03:00.0"
 DGPU2 = "0000:04:00.0"
 
 
-def hotplug() -> HotplugSettings:
-    return HotplugSettings(
-        source="kernel", coalesce_ms=2, resync_s=3600, poll_s=3600, health_hold_down_s=0
-    )
-
-
 @pytest.fixture
-def daemon_for(
-    host: UmockdevHost, kubelet_dir: Path, start_daemon: DaemonStarter
-) -> Callable[[dict[str, Any]], Awaitable[Daemon]]:
+def daemon_for(uevent_daemon: UeventDaemon) -> Callable[[dict[str, Any]], Awaitable[Daemon]]:
     """Factory: an in-process daemon running the Intel GPU scanner with the given section."""
-
-    def start(section: dict[str, Any]) -> Awaitable[Daemon]:
-        settings = daemon_settings(kubelet_dir, hotplug=hotplug())
-        return start_daemon(settings, [IntelGpuScanner.from_config(section)])
-
-    return start
+    return lambda section: uevent_daemon([IntelGpuScanner.from_config(section)])
 
 
 def three_gpus(host: UmockdevHost) -> dict[str, str]:
@@ -63,10 +48,6 @@ def three_gpus(host: UmockdevHost) -> dict[str, str]:
             host, DGPU2, card=2, render=130, driver="xe", device_id="0xe20b", numa_node=1
         ),
     }
-
-
-def health(listed: dict[str, ListedDevice]) -> dict[str, str]:
-    return {device_id: device.health for device_id, device in listed.items()}
 
 
 async def test_resources_nodes_and_by_path_mounts_reach_the_kubelet(

@@ -7,10 +7,11 @@ import asyncio
 import json
 import signal
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 import structlog
+from helpers import PreferringScanner
 
 from devplug.config import Settings
 from devplug.errors import ConfigError
@@ -18,12 +19,13 @@ from devplug.model import DeviceInfo, DeviceNode
 from devplug.scanners.base import Scanner
 from devplug.testing import (
     KubeletSimulator,
+    StaticScanner,
     daemon_process,
     daemon_settings,
     eventually,
     running_daemon,
 )
-from devplug.testing.harness import StaticScanner
+from devplug.testing.harness import in_process_daemon
 
 OLD = "example.com/old"
 NEW = "example.com/new"
@@ -49,7 +51,7 @@ async def test_a_good_config_is_applied_and_a_bad_one_refused(
             raise answer
         return answer
 
-    async with running_daemon(settings, [one_device(OLD)], config_loader=loader) as daemon:
+    async with in_process_daemon(settings, [one_device(OLD)], config_loader=loader) as daemon:
         old = await kubelet.wait_for_plugin(OLD)
         await old.wait_for_update(lambda listed: set(listed) == {"dev0"})
 
@@ -180,24 +182,13 @@ async def test_a_config_the_host_cannot_be_served_with_is_refused_not_fatal(
         assert (await old.allocate(["dev0"]))[0].nodes[0].host_path == "/dev/null"
 
 
-class Ordered(StaticScanner):
+def ordered(reverse: bool) -> PreferringScanner:
     """Prefers the lowest ids, or with ``reverse`` the highest: a policy the default (which
     keeps the kubelet's order) would not pick."""
-
-    def __init__(self, reverse: bool) -> None:
-        devices = {f"dev{i}": DeviceInfo(nodes=(DeviceNode("/dev/null"),)) for i in range(4)}
-        super().__init__({OLD: devices})
-        self.reverse = reverse
-
-    def preferred_allocation(
-        self,
-        resource: str,
-        available: Sequence[str],
-        must_include: Sequence[str],
-        size: int,
-        devices: Mapping[str, DeviceInfo],
-    ) -> list[str]:
-        return sorted(available, reverse=self.reverse)[:size]
+    devices = {f"dev{i}": DeviceInfo(nodes=(DeviceNode("/dev/null"),)) for i in range(4)}
+    return PreferringScanner(
+        {OLD: devices}, lambda available, _, size, __: sorted(available, reverse=reverse)[:size]
+    )
 
 
 async def test_a_reload_rebinds_the_hooks_of_resources_that_stay(
@@ -206,8 +197,8 @@ async def test_a_reload_rebinds_the_hooks_of_resources_that_stay(
     """The resource stays, its scanner is replaced: the servers answer with the new
     scanner's hooks (they used to keep the first scanner's until the resource went away)."""
     settings = daemon_settings(kubelet_dir)
-    loader = lambda: (settings, [Ordered(reverse=True)])  # noqa: E731 - one answer
-    async with running_daemon(settings, [Ordered(reverse=False)], config_loader=loader) as daemon:
+    loader = lambda: (settings, [ordered(reverse=True)])  # noqa: E731 - one answer
+    async with running_daemon(settings, [ordered(reverse=False)], config_loader=loader) as daemon:
         session = await kubelet.wait_for_plugin(OLD)
         available = ["dev2", "dev0", "dev3", "dev1"]
         assert await session.preferred(available, 1) == ["dev0"]

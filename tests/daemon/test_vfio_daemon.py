@@ -17,15 +17,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers import UeventDaemon, health
 
-from devplug.config import HotplugSettings
 from devplug.daemon import Daemon
 from devplug.model import DeviceNode, Health
 from devplug.scanners.vfio import VfioScanner
-from devplug.testing import KubeletSimulator, daemon_settings
-from devplug.testing.harness import DaemonStarter
+from devplug.testing import KubeletSimulator, ListedDevice, SimulatorRpcError
 from devplug.testing.kubevirt import VirtLauncherError, virt_launcher_assignment
-from devplug.testing.simulator import ListedDevice, SimulatorRpcError
 from devplug.testing.umockdev import (
     UmockdevHost,
     add_iommufd,
@@ -50,12 +48,6 @@ D = "0000:87:00.0"
 LAYOUT = {A0: (40, 0), A1: (40, 1), B: (41, 2), C: (90, 3), D: (91, 4)}
 
 
-def hotplug() -> HotplugSettings:
-    return HotplugSettings(
-        source="kernel", coalesce_ms=2, resync_s=3600, poll_s=3600, health_hold_down_s=0
-    )
-
-
 def nodes(*paths: str) -> tuple[DeviceNode, ...]:
     return tuple(DeviceNode(path) for path in paths)
 
@@ -70,16 +62,9 @@ GROUP_A_NODES = nodes(
 
 
 @pytest.fixture
-def daemon_for(
-    host: UmockdevHost, kubelet_dir: Path, start_daemon: DaemonStarter
-) -> Callable[[dict[str, Any]], Awaitable[Daemon]]:
+def daemon_for(uevent_daemon: UeventDaemon) -> Callable[[dict[str, Any]], Awaitable[Daemon]]:
     """Factory: an in-process daemon running the VFIO scanner with the given section."""
-
-    def start(section: dict[str, Any]) -> Awaitable[Daemon]:
-        settings = daemon_settings(kubelet_dir, hotplug=hotplug())
-        return start_daemon(settings, [VfioScanner.from_config(section)])
-
-    return start
+    return lambda section: uevent_daemon([VfioScanner.from_config(section)])
 
 
 def four_groups(host: UmockdevHost) -> dict[str, str]:
@@ -102,10 +87,6 @@ def four_groups(host: UmockdevHost) -> dict[str, str]:
             vfio_dev=vfio_dev,
         )
     return paths
-
-
-def health(listed: dict[str, ListedDevice]) -> dict[str, str]:
-    return {device_id: device.health for device_id, device in listed.items()}
 
 
 async def test_groups_reach_the_kubelet_with_topology_and_allocate_every_node(

@@ -11,20 +11,17 @@ import asyncio
 import errno
 import random
 import time
-from collections.abc import Awaitable, Callable
-from pathlib import Path
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 import pytest
+from helpers import UeventDaemon, uevents
 
-from devplug.config import HotplugSettings
 from devplug.daemon import Daemon
 from devplug.hotplug.listener import MonitorSource
 from devplug.scanners.generic import GenericScanner
 from devplug.scanners.udev import UdevMonitor, UdevSource
-from devplug.testing import KubeletSimulator, daemon_settings
-from devplug.testing.harness import DaemonStarter
-from devplug.testing.simulator import ListedDevice, SimulatorRpcError
+from devplug.testing import KubeletSimulator, ListedDevice, SimulatorRpcError, eventually
 from devplug.testing.umockdev import MockNode, UmockdevHost, add_intel_gpu, add_usb_serial
 
 SERIAL = "example.com/serial"
@@ -36,25 +33,6 @@ ENTRIES: list[dict[str, Any]] = [
     {"resource": RENDER, "match": {"subsystem": "drm", "devnode": "/dev/dri/renderD*"}},
     {"resource": ACCEL, "match": {"subsystem": "accel", "properties": {"DRIVER": "ivpu"}}},
 ]
-
-
-def hotplug(**overrides: Any) -> HotplugSettings:
-    values: dict[str, Any] = {
-        "source": "kernel",
-        "coalesce_ms": 2,
-        "resync_s": 3600,
-        "poll_s": 3600,
-        "health_hold_down_s": 0,
-    }
-    values.update(overrides)
-    return HotplugSettings(**values)
-
-
-async def eventually(condition: Callable[[], bool], timeout: float = 5.0) -> None:
-    """Wait until ``condition()`` holds (state owned by the daemon, with no event to await)."""
-    async with asyncio.timeout(timeout):
-        while not condition():  # noqa: ASYNC110 - the daemon exposes counters, not events
-            await asyncio.sleep(0.005)
 
 
 def ids(listed: dict[str, ListedDevice]) -> set[str]:
@@ -78,19 +56,14 @@ def add_accel(host: UmockdevHost, index: int, driver: str | None = "ivpu") -> st
 
 
 @pytest.fixture
-def daemon_for(
-    host: UmockdevHost, kubelet_dir: Path, start_daemon: DaemonStarter
-) -> Callable[..., Awaitable[Daemon]]:
-    """Factory: start an in-process daemon with the given hotplug settings."""
+def daemon_for(uevent_daemon: UeventDaemon) -> Callable[..., Awaitable[Daemon]]:
+    """Factory: an in-process daemon serving ENTRIES (or ``entries``) with the given hotplug
+    section (``uevents(...)``)."""
 
     def start(
-        settings: HotplugSettings, entries: list[dict[str, Any]] = ENTRIES, **options: Any
+        hotplug: Mapping[str, object], entries: list[dict[str, Any]] = ENTRIES, **options: Any
     ) -> Awaitable[Daemon]:
-        return start_daemon(
-            daemon_settings(kubelet_dir, hotplug=settings),
-            [GenericScanner.from_config(entries)],
-            **options,
-        )
+        return uevent_daemon([GenericScanner.from_config(entries)], hotplug, **options)
 
     return start
 
@@ -99,7 +72,7 @@ async def test_add_and_remove_events_update_the_list_without_full_scans(
     host: UmockdevHost, kubelet: KubeletSimulator, daemon_for: Any
 ) -> None:
     add_usb_serial(host, index=0)
-    daemon = await daemon_for(hotplug())
+    daemon = await daemon_for(uevents())
     assert daemon.listener.active
     session = await kubelet.wait_for_plugin(SERIAL)
     await session.wait_for_update(lambda listed: ids(listed) == {"ttyUSB0"})
@@ -125,7 +98,7 @@ async def test_the_coalescing_window_ends_when_the_burst_does(
 ) -> None:
     """coalesce_ms caps the window; it ends once no datagram came for a short quiet gap, so
     an event does not wait out a long cap (10 s here, against a 5 s timeout)."""
-    daemon = await daemon_for(hotplug(coalesce_ms=10_000))
+    daemon = await daemon_for(uevents(coalesce_ms=10_000))
     added = add_usb_serial(host, index=0)
     before = daemon.listener.last_read
     for path in host.devices:
@@ -142,7 +115,7 @@ async def test_allocate_of_a_removed_device_is_an_error(
 ) -> None:
     add_usb_serial(host, index=0)
     gone = add_usb_serial(host, index=1)
-    await daemon_for(hotplug())
+    await daemon_for(uevents())
     session = await kubelet.wait_for_plugin(SERIAL)
     await session.wait_for_update(lambda listed: "ttyUSB1" in listed)
     assert (await session.allocate(["ttyUSB1"]))[0].nodes[0].host_path == "/dev/ttyUSB1"
@@ -161,7 +134,7 @@ async def test_last_device_removed_sends_an_empty_list_and_the_socket_goes(
 ) -> None:
     add_usb_serial(host, index=0)
     gpu = add_intel_gpu(host, "0000:00:02.0", card=0, render=128)
-    daemon = await daemon_for(hotplug())
+    daemon = await daemon_for(uevents())
     session = await kubelet.wait_for_plugin(RENDER)
     await session.wait_for_update(lambda listed: ids(listed) == {"dri_renderD128"})
     socket_path = daemon.servers.servers[RENDER].socket_path
@@ -183,7 +156,7 @@ async def test_unbind_and_bind_events_take_a_device_out_and_back(
 ) -> None:
     add_accel(host, 0)
     second = add_accel(host, 1)
-    await daemon_for(hotplug())
+    await daemon_for(uevents())
     session = await kubelet.wait_for_plugin(ACCEL)
     await session.wait_for_update(lambda listed: ids(listed) == {"accel_accel0", "accel_accel1"})
 
@@ -209,7 +182,7 @@ async def test_a_remove_event_takes_the_device_out_while_its_sysfs_dir_is_still_
     gone = f"dri_renderD{RENDER_BASE + 1}"
     add_intel_gpu(host, "0000:00:02.0", card=0, render=RENDER_BASE)
     gpu = add_intel_gpu(host, "0000:00:03.0", card=1, render=RENDER_BASE + 1)
-    daemon = await daemon_for(hotplug())
+    daemon = await daemon_for(uevents())
     daemon.listener.recheck_s = 3600
     session = await kubelet.wait_for_plugin(RENDER)
     await session.wait_for_update(lambda listed: ids(listed) == {kept, gone})
@@ -245,7 +218,7 @@ async def test_a_remove_event_for_a_device_that_stays_is_undone_by_the_next_look
     at once like any removal, then looked at again (here after 0.1 s), found, advertised."""
     add_usb_serial(host, index=0)
     tty = add_usb_serial(host, index=1)
-    daemon = await daemon_for(hotplug(source="udev"))
+    daemon = await daemon_for(uevents(source="udev"))
     daemon.listener.recheck_s = 0.1
     session = await kubelet.wait_for_plugin(SERIAL)
     await session.wait_for_update(lambda listed: ids(listed) == {"ttyUSB0", "ttyUSB1"})
@@ -265,7 +238,7 @@ async def test_kernel_events_are_read_again_once_udev_has_run(
         "resource": ftdi,
         "match": {"subsystem": "tty", "properties": {"ID_VENDOR_ID": "0403"}},
     }
-    daemon = await daemon_for(hotplug(source="kernel"), entries=[entry])
+    daemon = await daemon_for(uevents(source="kernel"), entries=[entry])
     session = await kubelet.wait_for_plugin(ftdi)
     await session.wait_for_update(lambda listed: ids(listed) == {"ttyUSB0"})
 
@@ -284,7 +257,7 @@ async def test_a_device_is_advertised_only_once_its_node_exists(
     host: UmockdevHost, kubelet: KubeletSimulator, daemon_for: Any
 ) -> None:
     add_usb_serial(host, index=0)
-    daemon = await daemon_for(hotplug())
+    daemon = await daemon_for(uevents())
     session = await kubelet.wait_for_plugin(SERIAL)
     await session.wait_for_update(lambda listed: ids(listed) == {"ttyUSB0"})
 
@@ -307,7 +280,7 @@ async def test_health_goes_both_ways_and_recovery_is_held_down(
     # Long enough that no flap below outlasts it, even on a loaded 2-core machine.
     hold_down = 3.0
     tty = add_usb_serial(host, index=0)
-    daemon = await daemon_for(hotplug(health_hold_down_s=hold_down))
+    daemon = await daemon_for(uevents(health_hold_down_s=hold_down))
     session = await kubelet.wait_for_plugin(SERIAL)
     await session.wait_for_update(lambda listed: "ttyUSB0" in listed)
 
@@ -363,7 +336,7 @@ async def test_a_storm_of_1000_events_ends_with_the_hosts_devices(
     for index in range(20):
         pci = add_intel_gpu(host, f"0000:01:{index:02x}.0", card=index, render=RENDER_BASE + index)
         present[f"dri_renderD{RENDER_BASE + index}"] = pci
-    daemon = await daemon_for(hotplug())
+    daemon = await daemon_for(uevents())
     session = await kubelet.wait_for_plugin(RENDER)
     await session.wait_for_update(lambda listed: ids(listed) == set(present))
 
@@ -453,7 +426,7 @@ async def test_without_a_monitor_the_daemon_polls_and_retries_the_monitor(
 ) -> None:
     add_usb_serial(host, index=0)
     opener = _FailingOpener()
-    daemon = await daemon_for(hotplug(poll_s=0.1), monitor_opener=opener)
+    daemon = await daemon_for(uevents(poll_s=0.1), monitor_opener=opener)
     assert not daemon.listener.active
     session = await kubelet.wait_for_plugin(SERIAL)
     await session.wait_for_update(lambda listed: ids(listed) == {"ttyUSB0"})
@@ -499,7 +472,7 @@ async def test_socket_overflow_leads_to_a_full_rescan(
     host: UmockdevHost, kubelet: KubeletSimulator, daemon_for: Any
 ) -> None:
     add_usb_serial(host, index=0)
-    daemon = await daemon_for(hotplug(), monitor_opener=_OverflowingMonitor)
+    daemon = await daemon_for(uevents(), monitor_opener=_OverflowingMonitor)
     session = await kubelet.wait_for_plugin(SERIAL)
     await session.wait_for_update(lambda listed: ids(listed) == {"ttyUSB0"})
 
@@ -517,7 +490,7 @@ async def test_a_failing_monitor_is_closed_then_reopened_by_polling(
     host: UmockdevHost, kubelet: KubeletSimulator, daemon_for: Any
 ) -> None:
     add_usb_serial(host, index=0)
-    daemon = await daemon_for(hotplug(poll_s=0.1), monitor_opener=_OverflowingMonitor)
+    daemon = await daemon_for(uevents(poll_s=0.1), monitor_opener=_OverflowingMonitor)
     session = await kubelet.wait_for_plugin(SERIAL)
     await session.wait_for_update(lambda listed: ids(listed) == {"ttyUSB0"})
     _OverflowingMonitor.fail_next = True

@@ -22,8 +22,7 @@ from devplug.kubelet.wire import list_message
 from devplug.model import DeviceInfo, DeviceNode, DeviceTree, Health
 from devplug.naming import natural_key
 from devplug.sizing import KUBELET_MAX_RECEIVE_BYTES, counted_entry_bytes, device_entry_bytes
-from devplug.testing import KubeletSimulator, daemon_settings, running_daemon
-from devplug.testing.harness import StaticScanner
+from devplug.testing import KubeletSimulator, StaticScanner, daemon_settings, running_daemon
 from devplug.testing.simulator import SimulatorRpcError
 
 SERIAL = "example.com/serial"
@@ -333,9 +332,7 @@ async def test_a_resource_past_4_mib_is_served_trimmed_and_the_rest_refused(
         with pytest.raises(SimulatorRpcError) as refused:
             await session.allocate([waiting[0]])
         assert refused.value.code == "NOT_FOUND"
-        held_metric = daemon.metrics.registry.get_sample_value(
-            "devplug_devices_held_back", {"resource": SERIAL}
-        )
+        held_metric = daemon.metric("devplug_devices_held_back", resource=SERIAL)
         assert held_metric == len(waiting)
 
 
@@ -376,9 +373,7 @@ async def test_gpu_shares_past_4_mib_are_held_back_by_whole_gpus(
         with pytest.raises(SimulatorRpcError) as refused:
             await session.allocate([f"{gpus[whole]}-0"])  # the first share of the first waiting
         assert refused.value.code == "NOT_FOUND"
-        held_metric = daemon.metrics.registry.get_sample_value(
-            "devplug_devices_held_back", {"resource": SERIAL}
-        )
+        held_metric = daemon.metric("devplug_devices_held_back", resource=SERIAL)
         assert held_metric == (len(gpus) - whole) * shares
 
 

@@ -25,7 +25,7 @@ from devplug.kubelet.handlers import add_to_server
 from devplug.kubelet.servicer import DevicePluginServicer
 from devplug.kubelet.wire import container_response
 from devplug.model import ContainerAllocation, DeviceInfo, DeviceMap, DeviceNode, Health
-from devplug.testing.harness import StaticScanner, daemon_settings, running_daemon
+from devplug.testing import StaticScanner, daemon_settings, running_daemon
 from devplug.testing.simulator import KubeletSimulator, SimulatorRpcError
 
 RESOURCE = "example.com/serial"

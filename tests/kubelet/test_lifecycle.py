@@ -22,8 +22,14 @@ import structlog
 from devplug import DeviceInfo, DeviceNode, ResourceStarter, ResourceStopper
 from devplug.daemon import Daemon
 from devplug.kubelet.server import socket_path_for
-from devplug.testing import KubeletSimulator, daemon_settings, running_daemon
-from devplug.testing.harness import FAST_TIMING, StaticScanner
+from devplug.testing import (
+    FAST_TIMING,
+    KubeletSimulator,
+    StaticScanner,
+    daemon_settings,
+    running_daemon,
+)
+from devplug.testing.harness import in_process_daemon
 
 GATED = "example.com/gated"
 OTHER = "example.com/other"
@@ -105,7 +111,7 @@ async def test_start_comes_before_register_and_stop_after_the_empty_list(
     scanner = LifecycleScanner(kubelet, kubelet_dir)
     scanner.gates[GATED] = asyncio.Event()
     settings = daemon_settings(kubelet_dir)
-    async with running_daemon(settings, [scanner]) as daemon:
+    async with in_process_daemon(settings, [scanner]) as daemon:
         # OTHER's start returns at once and it registers; GATED waits in its start, unseen.
         other = await kubelet.wait_for_plugin(OTHER)
         assert set(await other.wait_for_update()) == {"b"}
@@ -205,7 +211,9 @@ async def test_a_hung_start_is_bounded_by_the_timeout_and_retried(
     scanner = HungScanner(threaded)
     timing = replace(FAST_TIMING, hook_timeout_s=0.2)
     with structlog.testing.capture_logs() as logs:
-        async with running_daemon(daemon_settings(kubelet_dir), [scanner], timing=timing) as daemon:
+        async with in_process_daemon(
+            daemon_settings(kubelet_dir), [scanner], timing=timing
+        ) as daemon:
             if not threaded:
                 # The hung coroutine is cancelled at the timeout; the retry returns.
                 await kubelet.wait_for_plugin(GATED)
@@ -244,7 +252,7 @@ async def test_a_failing_stop_is_logged_and_the_daemon_stops_cleanly(
 ) -> None:
     daemon: Daemon
     with structlog.testing.capture_logs() as logs:
-        async with running_daemon(daemon_settings(kubelet_dir), [FailingStop()]) as daemon:
+        async with in_process_daemon(daemon_settings(kubelet_dir), [FailingStop()]) as daemon:
             await kubelet.wait_for_plugin(GATED)
     assert daemon.servers.servers == {}
     (failed,) = [e for e in logs if e["event"] == "lifecycle.stop.failed"]
@@ -257,7 +265,7 @@ async def test_a_resource_back_while_its_last_start_still_runs_waits_for_that_th
 ) -> None:
     scanner = HungScanner(threaded=True)
     timing = replace(FAST_TIMING, hook_timeout_s=0.3)
-    async with running_daemon(daemon_settings(kubelet_dir), [scanner], timing=timing) as daemon:
+    async with in_process_daemon(daemon_settings(kubelet_dir), [scanner], timing=timing) as daemon:
         async with asyncio.timeout(10):
             while scanner.calls == 0:  # noqa: ASYNC110 - the hook runs in a thread
                 await asyncio.sleep(0.01)
@@ -338,7 +346,7 @@ async def test_a_hung_stop_hook_at_shutdown_gets_what_is_left_of_the_stop_budget
     settings = daemon_settings(kubelet_dir, stop_timeout_s=2.0)
     with structlog.testing.capture_logs() as logs:
         async with asyncio.timeout(60):  # the hook timeout would be 600 s
-            async with running_daemon(settings, [SlowStop()], timing=timing):
+            async with in_process_daemon(settings, [SlowStop()], timing=timing):
                 await kubelet.wait_for_plugin(GATED)
     (failed,) = [e for e in logs if e["event"] == "lifecycle.stop.failed"]
     bound = float(failed["reason"].split("did not return within ")[1].split(" s")[0])

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import structlog
+from helpers import PreferringScanner
 
 from devplug.errors import AllocationError
 from devplug.kubelet import answer_log
@@ -27,8 +28,15 @@ from devplug.model import (
     Health,
 )
 from devplug.scanners.udev import UdevSource
-from devplug.testing.harness import FAST_TIMING, StaticScanner, daemon_settings, running_daemon
-from devplug.testing.simulator import KubeletSimulator, SimulatorRpcError
+from devplug.testing import (
+    FAST_TIMING,
+    KubeletSimulator,
+    SimulatorRpcError,
+    StaticScanner,
+    daemon_settings,
+    running_daemon,
+)
+from devplug.testing.harness import in_process_daemon
 from devplug.testing.umockdev import UmockdevHost, add_usb_serial
 
 SERIAL = "example.com/serial"
@@ -212,7 +220,7 @@ async def test_twenty_kubelet_restarts_in_a_row(
 
 async def test_kubelet_missing_at_start_is_waited_for(kubelet_dir: Path) -> None:
     scanner = StaticScanner({SERIAL: devices(1)})
-    async with running_daemon(daemon_settings(kubelet_dir), [scanner]) as daemon:
+    async with in_process_daemon(daemon_settings(kubelet_dir), [scanner]) as daemon:
         await asyncio.sleep(0.2)
         server = daemon.servers.servers.get(SERIAL)
         assert server is not None and not server.registered.is_set()
@@ -279,7 +287,7 @@ async def test_stale_socket_is_replaced_but_a_live_one_is_not_stolen(
         assert set(await session.wait_for_update()) == {"dev0"}
         # A second daemon on the same dir must not take over the live socket.
         second = StaticScanner({SERIAL: devices(5)})
-        async with running_daemon(daemon_settings(kubelet_dir), [second]) as other:
+        async with in_process_daemon(daemon_settings(kubelet_dir), [second]) as other:
             await asyncio.sleep(0.3)
             assert not other.servers.servers[SERIAL].registered.is_set()
             (answer,) = await session.allocate(["dev0"])
@@ -422,29 +430,22 @@ async def test_stop_during_a_long_scan_does_not_wait_for_the_whole_scan(
     assert scanner.seen < 40  # the second scan did not run to its end
 
 
-class BrokenPreferences(StaticScanner):
-    def __init__(self, answer: object) -> None:
-        super().__init__({SERIAL: devices(3)})
-        self.answer = answer
+def broken_preferences(answer: object) -> PreferringScanner:
+    """A hook that answers ``answer``, or raises it if it is an exception."""
 
-    def preferred_allocation(
-        self,
-        resource: str,
-        available: Sequence[str],
-        must_include: Sequence[str],
-        size: int,
-        devices: Mapping[str, DeviceInfo],
-    ) -> Sequence[str]:
-        if isinstance(self.answer, Exception):
-            raise self.answer
-        return self.answer  # type: ignore[return-value]
+    def pick(*_: object) -> object:
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    return PreferringScanner({SERIAL: devices(3)}, pick)
 
 
 @pytest.mark.parametrize("answer", [None, 42, "dev0", RuntimeError("hook bug"), ["dev1"]])
 async def test_a_broken_or_short_preferred_hook_falls_back_to_the_default(
     kubelet: KubeletSimulator, kubelet_dir: Path, answer: object
 ) -> None:
-    async with running_daemon(daemon_settings(kubelet_dir), [BrokenPreferences(answer)]):
+    async with running_daemon(daemon_settings(kubelet_dir), [broken_preferences(answer)]):
         session = await kubelet.wait_for_plugin(SERIAL)
         await session.wait_for_update()
         got = await session.preferred(["dev0", "dev1", "dev2"], 2, must_include=["dev2"])
@@ -461,7 +462,7 @@ async def test_restarts_are_noticed_through_the_dir_watch_not_the_backstop(
 ) -> None:
     """With the stat backstop two minutes away, only the inotify watch can wake the server."""
     scanner = StaticScanner({SERIAL: devices(1)})
-    async with running_daemon(daemon_settings(kubelet_dir), [scanner], timing=SLOW_BACKSTOP):
+    async with in_process_daemon(daemon_settings(kubelet_dir), [scanner], timing=SLOW_BACKSTOP):
         await kubelet.wait_for_plugin(SERIAL)
         for _ in range(3):
             await kubelet.restart()
@@ -490,7 +491,7 @@ async def test_a_chmod_or_chown_of_the_sockets_is_no_kubelet_restart(
 
 async def test_the_kubelet_dir_removed_and_recreated(kubelet_dir: Path) -> None:
     scanner = StaticScanner({SERIAL: devices(1)})
-    async with running_daemon(daemon_settings(kubelet_dir), [scanner], timing=SLOW_BACKSTOP):
+    async with in_process_daemon(daemon_settings(kubelet_dir), [scanner], timing=SLOW_BACKSTOP):
         async with KubeletSimulator(kubelet_dir) as kubelet:
             await kubelet.wait_for_plugin(SERIAL)
         shutil.rmtree(kubelet_dir)

@@ -16,8 +16,14 @@ import structlog
 from devplug.kubelet.server import DEFAULT_TIMING
 from devplug.kubelet.waiting import KubeletWait
 from devplug.model import DeviceInfo, DeviceNode
-from devplug.testing import KubeletSimulator, eventually
-from devplug.testing.harness import FAST_TIMING, StaticScanner, daemon_settings, running_daemon
+from devplug.testing import (
+    FAST_TIMING,
+    KubeletSimulator,
+    StaticScanner,
+    daemon_settings,
+    eventually,
+)
+from devplug.testing.harness import in_process_daemon
 
 SERIAL = "example.com/serial"
 
@@ -88,7 +94,7 @@ async def test_a_daemon_waiting_for_the_kubelet_keeps_saying_so_and_how_long_it_
         return [e for e in logs if e["event"] == "kubelet.waiting"]
 
     with structlog.testing.capture_logs() as logs:
-        async with running_daemon(daemon_settings(kubelet_dir), [scanner], timing=timing):
+        async with in_process_daemon(daemon_settings(kubelet_dir), [scanner], timing=timing):
             await eventually(lambda: len(said()) >= 5, what="five kubelet.waiting lines")
             first, *reminders = said()
             assert first["reason"] == "no kubelet.sock" and "waited_s" not in first

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping, Sequence
 from pathlib import Path
 
 from structlog.testing import capture_logs
@@ -206,7 +206,7 @@ async def test_the_cap_is_logged_once_per_episode() -> None:
     warning while the cap holds, ``below_cap`` when every connection has ended, and a
     warning again at the next episode."""
 
-    def said(logs: list[dict[str, object]]) -> list[tuple[object, object]]:
+    def said(logs: Sequence[Mapping[str, object]]) -> list[tuple[object, object]]:
         return [(e["event"], e["log_level"]) for e in logs if e["log_level"] != "debug"]
 
     async with endpoint(max_connections=2) as served:

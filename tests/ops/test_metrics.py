@@ -11,10 +11,9 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from devplug.config import parse_address
-from devplug.daemon import Daemon
 from devplug.model import DeviceInfo, DeviceNode, Health
 from devplug.sizing import list_message_bytes
-from devplug.testing import KubeletSimulator, daemon_settings, running_daemon
+from devplug.testing import KubeletSimulator, RunningDaemon, daemon_settings, running_daemon
 from devplug.testing.harness import StaticScanner
 from devplug.testing.simulator import SimulatorRpcError
 
@@ -52,9 +51,9 @@ def scanner() -> StaticScanner:
     )
 
 
-def http_port(daemon: Daemon) -> int:
-    assert daemon.http is not None
-    return daemon.http.port
+def http_port(daemon: RunningDaemon) -> int:
+    assert daemon.metrics_port is not None
+    return daemon.metrics_port
 
 
 async def test_metrics_after_a_scan_and_allocations(
@@ -137,7 +136,7 @@ async def test_a_taken_port_leaves_the_daemon_serving(
         async with running_daemon(settings, [scanner()]) as daemon:
             session = await kubelet.wait_for_plugin(SERIAL)
             await session.wait_for_update()
-            assert daemon.http is None
+            assert daemon.metrics_port is None
     finally:
         blocker.close()
         await blocker.wait_closed()

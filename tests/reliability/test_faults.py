@@ -26,12 +26,12 @@ from typing import Any
 import grpc
 import pytest
 import structlog
+from helpers import UEVENTS
 
 from devplug._proto import deviceplugin_v1beta1_pb2 as pb
 from devplug._proto import deviceplugin_v1beta1_pb2_grpc as pb_grpc
 from devplug.cdi.leftovers import TEMP_FILE_MIN_AGE_S
 from devplug.cdi.ownership import STATE_DIR
-from devplug.config import HotplugSettings
 from devplug.daemon import Daemon
 from devplug.kubelet.registration import CHECKPOINT_FILE, KUBELET_SOCKET
 from devplug.kubelet.server import socket_path_for
@@ -50,6 +50,7 @@ from devplug.testing import (
     eventually,
     running_daemon,
 )
+from devplug.testing.harness import in_process_daemon
 from devplug.testing.simulator import ListedDevice
 from devplug.testing.umockdev import UmockdevHost, add_intel_gpu, add_usb_serial
 
@@ -86,12 +87,6 @@ TROUBLE_EVENTS = frozenset({"scan.failed", "scan.incremental.failed", "cdi.sync.
 def visible(cdi_dir: Path) -> list[str]:
     """What a runtime sees in the CDI dir: everything but devplug's state dir."""
     return sorted(n for n in os.listdir(cdi_dir) if n != STATE_DIR)
-
-
-def hotplug() -> HotplugSettings:
-    return HotplugSettings(
-        source="kernel", coalesce_ms=2, resync_s=3600, poll_s=3600, health_hold_down_s=0
-    )
 
 
 LogEntry = Mapping[str, Any]
@@ -250,7 +245,7 @@ class TrappedIntelGpu(IntelGpuScanner):
 
 
 def daemon_task_alive() -> bool:
-    """The task running_daemon started is still running: nothing escaped the daemon."""
+    """The daemon's task (running_daemon's) is still running: nothing escaped the daemon."""
     tasks = [t for t in asyncio.all_tasks() if t.get_name() == "devplug-daemon"]
     return len(tasks) == 1 and not tasks[0].done()
 
@@ -298,7 +293,7 @@ async def test_a_device_vanishing_between_enumeration_and_reads(
 
     with structlog.testing.capture_logs() as logs:
         async with running_daemon(
-            daemon_settings(kubelet_dir, hotplug=hotplug()), [scanner]
+            daemon_settings(kubelet_dir, hotplug=UEVENTS), [scanner]
         ) as daemon:
             session = await kubelet.wait_for_plugin(resource)
             await session.wait_for_update(lambda listed: set(listed) == set(victims))
@@ -419,7 +414,7 @@ async def test_garbage_numa_nodes_are_served_without_topology(
         IntelGpuScanner(),
     ]
     with structlog.testing.capture_logs() as logs:
-        async with running_daemon(daemon_settings(kubelet_dir, hotplug=hotplug()), scanners):
+        async with running_daemon(daemon_settings(kubelet_dir, hotplug=UEVENTS), scanners):
             render = await kubelet.wait_for_plugin(RENDER)
             gpus = await kubelet.wait_for_plugin(I915)
             labelled_session = await kubelet.wait_for_plugin(LABELLED)
@@ -453,7 +448,7 @@ async def test_an_out_of_range_numa_node_does_not_break_the_resource(
 ) -> None:
     addresses = numa_gpus(host, ["0", value])
     scanners: list[Scanner] = [GenericScanner.from_config([RENDER_ENTRY]), IntelGpuScanner()]
-    async with running_daemon(daemon_settings(kubelet_dir, hotplug=hotplug()), scanners):
+    async with running_daemon(daemon_settings(kubelet_dir, hotplug=UEVENTS), scanners):
         for resource, bad, good in (
             (RENDER, "dri_renderD129", "dri_renderD128"),
             (I915, addresses["1"], addresses["0"]),
@@ -505,7 +500,7 @@ async def test_garbage_intel_gpu_attributes_are_served_or_skipped(
     before = outside()
     with structlog.testing.capture_logs() as logs:
         async with running_daemon(
-            daemon_settings(kubelet_dir, hotplug=hotplug()), [IntelGpuScanner()]
+            daemon_settings(kubelet_dir, hotplug=UEVENTS), [IntelGpuScanner()]
         ) as daemon:
             session = await kubelet.wait_for_plugin(I915)
             listed = await session.wait_for_update()
@@ -620,8 +615,8 @@ async def test_the_cdi_dir_deleted_while_running(
         add_usb_serial(host, index=index)
     before = outside()
     with structlog.testing.capture_logs() as logs:
-        async with running_daemon(
-            daemon_settings(kubelet_dir, hotplug=hotplug()),
+        async with in_process_daemon(
+            daemon_settings(kubelet_dir, hotplug=UEVENTS),
             [GenericScanner.from_config([SERIAL_ENTRY])],
         ) as daemon:
             session = await kubelet.wait_for_plugin(SERIAL)
@@ -671,7 +666,7 @@ async def test_no_cdi_name_is_sent_for_a_spec_that_was_deleted(
 ) -> None:
     spec = short_dir / "cdi" / SERIAL_SPEC
     scanner = StaticScanner({SERIAL: serial_devices(1)})
-    async with running_daemon(daemon_settings(kubelet_dir), [scanner]) as daemon:
+    async with in_process_daemon(daemon_settings(kubelet_dir), [scanner]) as daemon:
         session = await kubelet.wait_for_plugin(SERIAL)
         await session.wait_for_update()
         await daemon.stats.wait_for(lambda s: SERIAL in s.cdi_specs, timeout=5)

@@ -51,7 +51,8 @@ from devplug.scanners.intel_gpu import (
     IntelGpuSettings,
 )
 from devplug.scanners.udev import UdevSource
-from devplug.testing.harness import StaticScanner, daemon_settings, running_daemon
+from devplug.testing import StaticScanner, daemon_settings
+from devplug.testing.harness import in_process_daemon
 from devplug.testing.simulator import KubeletSimulator, PluginSession
 
 T = TypeVar("T")
@@ -793,7 +794,7 @@ async def fuzzed_daemon(
     nothing but the deliberately broken preferred-allocation hook logged an error."""
     # Captured rather than rendered: a hook's traceback with its locals is slow to print.
     with structlog.testing.capture_logs() as logs:
-        async with running_daemon(daemon_settings(kubelet_dir), scanners) as daemon:
+        async with in_process_daemon(daemon_settings(kubelet_dir), scanners) as daemon:
             sessions = await start_sessions(kubelet)
             yield Fuzzer(asyncio.get_running_loop(), sessions, daemon_task())
             await assert_serving_normally(daemon, kubelet, sessions)

@@ -17,8 +17,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from devplug.model import DeviceInfo, DeviceNode
-from devplug.testing import KubeletSimulator, daemon_process, daemon_settings, running_daemon
-from devplug.testing.harness import StaticScanner
+from devplug.testing import KubeletSimulator, StaticScanner, daemon_process, daemon_settings
+from devplug.testing.harness import in_process_daemon
 
 RESOURCE = "example.com/mem"
 CONFIG = """
@@ -88,7 +88,7 @@ async def test_an_in_process_daemon_keeps_its_tasks_through_kubelet_restarts(
     kubelet: KubeletSimulator, kubelet_dir: Path, scaled: Callable[[int, int], int]
 ) -> None:
     scanner = StaticScanner({RESOURCE: {"dev0": DeviceInfo(nodes=(DeviceNode("/dev/null"),))}})
-    async with running_daemon(daemon_settings(kubelet_dir), [scanner]) as daemon:
+    async with in_process_daemon(daemon_settings(kubelet_dir), [scanner]) as daemon:
         session = await kubelet.wait_for_plugin(RESOURCE)
         await session.wait_for_update()
         await restart_and_wait(kubelet, "dev0")

@@ -33,6 +33,7 @@ from devplug.kubelet.servicer import MAX_STREAMS, DevicePluginServicer
 from devplug.model import DeviceInfo, DeviceNode
 from devplug.scanners.generic import GenericScanner
 from devplug.testing import KubeletSimulator, StaticScanner, daemon_settings, running_daemon
+from devplug.testing.harness import in_process_daemon
 from devplug.testing.umockdev import UmockdevHost, add_usb_serial
 
 RESOURCE = "example.com/dev"
@@ -55,7 +56,7 @@ async def serving(
     kubelet: KubeletSimulator, kubelet_dir: Path, scanner: StaticScanner
 ) -> AsyncIterator[tuple[Daemon, Any]]:
     """The daemon serving ``scanner``, and a client of its own (not the kubelet's)."""
-    async with running_daemon(daemon_settings(kubelet_dir), [scanner]) as daemon:
+    async with in_process_daemon(daemon_settings(kubelet_dir), [scanner]) as daemon:
         session = await kubelet.wait_for_plugin(RESOURCE)
         await session.wait_for_update()  # the kubelet's stream is open
         path = socket_path_for(kubelet_dir, RESOURCE)

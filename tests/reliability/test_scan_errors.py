@@ -33,6 +33,7 @@ from devplug.testing import (
     eventually,
     running_daemon,
 )
+from devplug.testing.harness import in_process_daemon
 from devplug.testing.simulator import ListedDevice
 from devplug.testing.umockdev import UmockdevHost, add_usb_serial
 from devplug.testing.umockdev.wire import encode_udev_message
@@ -213,7 +214,7 @@ async def test_a_uevent_that_is_not_utf8_does_not_lose_the_events_read_with_it(
     rounds = scaled(2, 20)
     settings = daemon_settings(kubelet_dir, hotplug=hotplug_settings())
     with structlog.testing.capture_logs() as logs:
-        async with running_daemon(settings, [scanner]) as daemon:
+        async with in_process_daemon(settings, [scanner]) as daemon:
             session = await kubelet.wait_for_plugin(SERIAL)
             await session.wait_for_update(lambda listed: set(listed) == {"ttyUSB0"})
             for round_ in range(rounds):

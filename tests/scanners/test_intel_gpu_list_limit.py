@@ -198,9 +198,7 @@ async def test_a_gpu_that_arrives_later_is_held_back_whole_by_the_daemon(
         await session.wait_for_update(lambda listed: len(listed) == 2 * SHARES, timeout=60)
         add_intel_gpu(host, C, card=2, render=130)
         await daemon.rescan()
-        assert daemon.metrics.registry.get_sample_value(
-            "devplug_devices_held_back", {"resource": I915}
-        ) == float(SHARES)
+        assert daemon.metric("devplug_devices_held_back", resource=I915) == float(SHARES)
         listed = session.latest
         assert not session.stream_ended.is_set()
         assert {device_id.rsplit("-", 1)[0] for device_id in listed} == {A, B}

@@ -171,7 +171,7 @@ def serve(
     ``--version`` prints (``misc-plugin 1.2.0 (devplug 0.1.0)``). ``argv`` defaults to
     ``sys.argv[1:]`` (and then ``run`` guards the signals first, as ``devplug run`` does).
     Returns the exit status. To offer devplug's built-in scanners as well, pass
-    ``devplug.scanners.registry.with_builtins(scanners)``.
+    ``devplug.with_builtins(scanners)``.
     """
     return main(argv, scanners=scanners, program=program, version=version, description=description)
 

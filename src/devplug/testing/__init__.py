@@ -8,7 +8,8 @@ it: the layers contract puts it at the top, beside the command line.
   kubelet's checks, dial-back, ListAndWatch recording, Allocate/GetPreferredAllocation/
   PreStartContainer helpers, ``restart()``).
 - :func:`running_daemon`, :class:`StaticScanner`, :func:`daemon_settings`: run the real daemon
-  inside a test.
+  inside a test; the :class:`RunningDaemon` it yields says what the daemon has done
+  (:class:`DaemonStats`, to await) and takes rescan, reload and stop requests.
 - :func:`eventually`: wait for state that has no event to await (files, counters, logs).
 - :mod:`devplug.testing.umockdev`: mock hardware for real pyudev code (``UmockdevHost`` and
   presets such as ``add_usb_serial``, ``add_intel_gpu``); tests using it run under
@@ -19,13 +20,9 @@ it: the layers contract puts it at the top, beside the command line.
   with a kubeconfig to point any client at it.
 """
 
-from devplug.testing.harness import (
-    FAST_TIMING,
-    StaticScanner,
-    daemon_process,
-    daemon_settings,
-    running_daemon,
-)
+from devplug.daemon import DaemonStats
+from devplug.testing.harness import FAST_TIMING, StaticScanner, daemon_process, daemon_settings
+from devplug.testing.running import RunningDaemon, running_daemon
 from devplug.testing.simulator import (
     KubeletSimulator,
     ListedDevice,
@@ -38,11 +35,13 @@ from devplug.testing.waiting import eventually
 
 __all__ = [
     "FAST_TIMING",
+    "DaemonStats",
     "KubeletSimulator",
     "ListedDevice",
     "PluginOptions",
     "PluginSession",
     "Registration",
+    "RunningDaemon",
     "SimulatorRpcError",
     "StaticScanner",
     "daemon_process",

@@ -1,9 +1,12 @@
 """Running the daemon inside a test, and a scanner whose devices the test sets.
 
-``running_daemon`` starts the real daemon (watcher, servers, scan loop) on the test's event loop
-with short back-off timings, and stops it on exit, so a test can drive it through a
-:class:`~devplug.testing.simulator.KubeletSimulator`; ``daemon_process`` runs ``devplug run``
-as a child process instead, for tests of the command itself (signals, logs, exit status).
+:func:`in_process_daemon` starts the real daemon (watcher, servers, scan loop) on the test's
+event loop with short back-off timings, and stops it on exit, so a test can drive it through
+a :class:`~devplug.testing.simulator.KubeletSimulator`; it yields the daemon itself, for
+devplug's own tests, which look at its parts. Plugin authors use
+:func:`devplug.testing.running_daemon`, which yields a small handle on it.
+``daemon_process`` runs ``devplug run`` as a child process instead, for tests of the command
+itself (signals, logs, exit status).
 """
 
 from __future__ import annotations
@@ -15,6 +18,8 @@ import signal
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
+
+from pydantic import BaseModel
 
 from devplug.config import CdiSettings, HotplugSettings, Settings
 from devplug.daemon import ConfigLoader, Daemon
@@ -39,8 +44,8 @@ FAST_TIMING = ServerTiming(
 )
 
 
-# A test fixture's factory: start(settings, scanners, **running_daemon's options) -> Daemon,
-# each daemon stopped when the test ends.
+# A test fixture's factory: start(settings, scanners, **in_process_daemon's options) ->
+# Daemon, each daemon stopped when the test ends.
 DaemonStarter = Callable[..., Awaitable[Daemon]]
 
 
@@ -66,18 +71,24 @@ def daemon_settings(
     kubelet_dir: Path, cdi_dir: Path | None = None, **overrides: object
 ) -> Settings:
     """Settings for an in-test daemon: no udev events and no periodic rescans unless the test
-    asks for them (``hotplug=HotplugSettings(...)``)."""
+    asks for them. ``overrides`` are settings keys, as in the config file; a mapping given
+    for a section changes only the keys it names (``hotplug={"source": "kernel"}``: uevents,
+    still no periodic rescans)."""
     values: dict[str, object] = {
         "kubelet_dir": kubelet_dir,
         "cdi": CdiSettings(dir=cdi_dir or kubelet_dir.parent / "cdi"),
         "hotplug": HotplugSettings(source="none", poll_s=3600, resync_s=3600),
     }
-    values.update(overrides)
+    for key, value in overrides.items():
+        section = values.get(key)
+        if isinstance(section, BaseModel) and isinstance(value, Mapping):
+            value = {**section.model_dump(exclude_unset=True), **value}
+        values[key] = value
     return Settings.model_validate(values)
 
 
 @contextlib.asynccontextmanager
-async def running_daemon(
+async def in_process_daemon(
     settings: Settings,
     scanners: Sequence[Scanner],
     *,
@@ -90,8 +101,9 @@ async def running_daemon(
     While it runs, its last warnings and errors are kept: a wait of the kubelet simulator (or
     ``eventually``) that times out quotes them.
 
-    ``monitor_opener`` replaces how the udev monitor is opened (to test its failures);
-    ``config_loader`` is what a reload (``daemon.request_reload()``, SIGHUP) reads.
+    ``timing`` sets the servers' waits and back-off; ``monitor_opener`` replaces how the udev
+    monitor is opened (to test its failures); ``config_loader`` is what a reload
+    (``daemon.request_reload()``, SIGHUP) reads.
     """
     daemon = Daemon(
         settings, scanners, timing, monitor_opener=monitor_opener, config_loader=config_loader
@@ -108,6 +120,11 @@ async def running_daemon(
             first.cancel()
             daemon.request_stop()
             await task
+
+
+# The CDI tests (tests/cdi/) import the in-process runner under this name; it goes when they
+# use in_process_daemon.
+running_daemon = in_process_daemon
 
 
 @contextlib.asynccontextmanager
