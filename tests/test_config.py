@@ -439,3 +439,125 @@ def test_bad_dra_settings_name_the_field(tmp_path: Path, text: str, field: str, 
         load_settings(write(tmp_path, text + "\n"), {}, [], {})
     assert refused.value.field == field
     assert words in refused.value.message
+
+
+def dra_config(tmp_path: Path, resource: str, kubelet_root: Path) -> Path:
+    return write(
+        tmp_path,
+        "scanners:\n  intel_gpu: {}\n"
+        f"dra: {{driver: gpu.intel.com, resources: [{resource}], kubelet_root: {kubelet_root}}}\n",
+    )
+
+
+def run_dra(tmp_path: Path, resource: str, **env: str) -> subprocess.CompletedProcess[str]:
+    """``devplug run`` with a dra section, in an environment that has only ``env`` of the
+    variables the DRA front reads (NODE_NAME, KUBECONFIG, KUBERNETES_SERVICE_HOST)."""
+    import os
+
+    environ = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("NODE_NAME", "KUBECONFIG", "KUBERNETES_SERVICE_HOST")
+    }
+    config = dra_config(tmp_path, resource, tmp_path / "kubelet")
+    kubelet_dir = tmp_path / "kubelet" / "device-plugins"
+    return devplug(
+        "run",
+        "--config",
+        str(config),
+        "--kubelet-dir",
+        str(kubelet_dir),
+        "--cdi-dir",
+        str(tmp_path / "cdi"),
+        env={**environ, **env},
+    )
+
+
+@pytest.mark.parametrize(
+    ("resource", "env", "line"),
+    [
+        (
+            "gpu.intel.com/i915",
+            {},
+            "NODE_NAME: is not set: give the daemon its node's name (the DaemonSet sets it from "
+            "spec.nodeName through the downward API)",
+        ),
+        (
+            "gpu.intel.com/i915",
+            {"NODE_NAME": "Node_1"},
+            "NODE_NAME: 'Node_1' is not a node name: must be a DNS subdomain",
+        ),
+        (
+            "gpu.intel.com/i915",
+            {"NODE_NAME": "node-a"},
+            "KUBECONFIG: no API server configured: not running in a pod",
+        ),
+        (
+            "gpu.intel.com/i915",
+            {"NODE_NAME": "node-a", "KUBECONFIG": "/nonexistent/kubeconfig"},
+            "KUBECONFIG: /nonexistent/kubeconfig:",
+        ),
+        (
+            "gpu.intel.com/i91",
+            {"NODE_NAME": "node-a"},
+            "dra.resources: 'gpu.intel.com/i91' is made by none of the configured scanners "
+            "(intel_gpu)",
+        ),
+        (
+            "gpu.intel.com/monitoring",  # made only with scanners.intel_gpu.monitoring
+            {"NODE_NAME": "node-a"},
+            "dra.resources: 'gpu.intel.com/monitoring' is made by none",
+        ),
+    ],
+)
+def test_cli_dra_refuses_to_start_naming_the_setting(
+    short_dir: Path, resource: str, env: dict[str, str], line: str
+) -> None:
+    """Issue 27 item 2: a missing node name or kubeconfig, an unknown resource: one line
+    naming the setting, exit 2, and nothing served (no socket, no dir made)."""
+    result = run_dra(short_dir, resource, **env)
+    assert result.returncode == 2, result.stderr
+    (printed,) = result.stderr.strip().splitlines()
+    assert printed.startswith("devplug: configuration error: " + line), printed
+    assert not (short_dir / "kubelet").exists()
+
+
+def test_scanners_say_which_resources_they_make() -> None:
+    from devplug.scanners.base import ResourceNamer
+    from devplug.scanners.intel_gpu import IntelGpuScanner
+    from devplug.scanners.vfio import VfioScanner
+
+    intel = IntelGpuScanner.from_config({})
+    assert isinstance(intel, ResourceNamer)
+    assert intel.makes_resource("gpu.intel.com/i915") and intel.makes_resource("gpu.intel.com/xe")
+    assert not intel.makes_resource("gpu.intel.com/monitoring")
+    assert not intel.makes_resource("gpu.example.com/i915")
+    assert IntelGpuScanner.from_config({"monitoring": True}).makes_resource(
+        "gpu.intel.com/monitoring"
+    )
+    generic = GenericScanner.from_config(
+        [{"resource": "example.com/serial", "match": {"subsystem": "tty"}}]
+    )
+    assert generic.makes_resource("example.com/serial")
+    assert not generic.makes_resource("example.com/other")
+    vfio = VfioScanner.from_config(
+        {"devices": [{"selector": "8086:1572", "resource": "intel.com/x710"}]}
+    )
+    assert vfio.makes_resource("intel.com/x710")
+    assert vfio.makes_resource("vfio.devplug.io/10de_2204")  # a default name
+    assert not vfio.makes_resource("vfio.devplug.io/8086_1572")  # that id takes x710's
+    assert not vfio.makes_resource("vfio.devplug.io/10DE_2204")
+    assert not vfio.makes_resource("vfio.example.com/10de_2204")
+
+
+def test_a_scanner_that_does_not_say_may_make_any_resource() -> None:
+    from devplug.dra.front import check_resources
+    from devplug.scanners.intel_gpu import IntelGpuScanner
+    from devplug.testing.harness import StaticScanner
+
+    intel = IntelGpuScanner.from_config({})
+    check_resources(["gpu.intel.com/i915"], [intel])
+    with pytest.raises(ConfigError) as refused:
+        check_resources(["gpu.intel.com/i915", "example.com/x"], [intel])
+    assert refused.value.field == "dra.resources" and "'example.com/x'" in refused.value.message
+    check_resources(["example.com/x"], [intel, StaticScanner()])  # it may make it

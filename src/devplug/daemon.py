@@ -4,6 +4,8 @@
   advertised tree, one value (``scan_loop.advertised``);
 - :mod:`devplug.kubelet` follows it and serves each resource to the kubelet;
 - :mod:`devplug.cdi` follows it and keeps the CDI spec files in line with it;
+- :mod:`devplug.dra` (with a ``dra`` section) follows it and serves the resources the section
+  names through DRA: ResourceSlices and the kubelet DRA plugin; the servers leave them out;
 - :mod:`devplug.ops` counts, answers probes and talks to systemd.
 
 They meet only here, and no tree passes through here: each front follows the published value
@@ -23,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -52,7 +55,7 @@ from devplug.kubelet.podresources import default_socket
 from devplug.kubelet.registration import KubeletDirWatcher
 from devplug.kubelet.server import DEFAULT_TIMING, ServerTiming
 from devplug.kubelet.servers import ResourceServers
-from devplug.model import DeviceTree
+from devplug.model import ContainerAllocation, DeviceTree
 from devplug.ops.http import StatusEndpoint
 from devplug.ops.metrics import Metrics
 from devplug.ops.systemd import SystemdNotifier
@@ -61,6 +64,8 @@ from devplug.scanners.udev import UdevMonitor
 
 if TYPE_CHECKING:
     from devplug.cdi.sync import CdiSync
+    from devplug.dra.front import DraFront
+    from devplug.hotplug.loop import Advertised
 
 log = structlog.get_logger(__name__)
 
@@ -157,6 +162,7 @@ class Daemon:
         names: CdiNames | None = None
         if cdi.enabled:
             names = CdiNames(CdiOptions(self.cdi_catalog, cdi.annotations, cdi.device_specs))
+        dra = settings.dra
         self.servers = ResourceServers(
             settings.kubelet_dir,
             self.watcher,
@@ -164,7 +170,25 @@ class Daemon:
             extension=names,
             events=_Events(self),
             stop_hooks_bound=self._stop_hooks_bound,
+            # One front per resource: those of the dra section are the DRA front's alone.
+            served_elsewhere=frozenset(dra.resources if dra is not None else ()),
         )
+        # The DRA front (None without a dra section); ConfigError naming NODE_NAME, KUBECONFIG
+        # or the dra setting that is wrong.
+        self.dra: DraFront | None = None
+        if dra is not None:
+            from devplug.dra.front import DraFront
+
+            assert names is not None  # the settings refuse a dra section without CDI
+            self.dra = DraFront.from_environment(
+                dra,
+                scanners,
+                os.environ,
+                advertised=self.scan_loop.advertised,
+                cdi=_CdiIds(names, self.scan_loop.advertised),
+                observe_calls=self.metrics.dra_call,
+            )
+            self.metrics.refreshers.append(self._count_dra)
         # Who holds each device, from the kubelet's pod resources API beside its dir.
         self.holders = HolderWatch(
             default_socket(settings.kubelet_dir), self.metrics, self._registered_resources
@@ -254,6 +278,13 @@ class Daemon:
             await parts.enter_async_context(
                 running(group, self.servers.follow(self.scan_loop.advertised), name="servers")
             )
+            if self.dra is not None:
+                # Before the first scan: the kubelet may prepare claims of the checkpoint
+                # (their answers are kept) while the pool is still being published.
+                await parts.enter_async_context(running(group, self.dra.run(), name="dra"))
+                await parts.enter_async_context(
+                    running(group, self._follow_dra_registration(), name="dra-registration")
+                )
             await self._start_http(parts)
             await parts.enter_async_context(
                 running(group, self.holders.run(self.stats), name="pod-resources")
@@ -337,9 +368,11 @@ class Daemon:
         if not self.first_scan_done.is_set():
             return ["the first scan"]
         waiting = self.servers.unregistered()
+        if self.dra is not None and not self.dra.registered():
+            waiting.append(f"DRA driver {self.dra.driver}")
         if not waiting:
             return []
-        listed = ", ".join(f"{name} (not registered)" for name in sorted(waiting))
+        listed = ", ".join(f"{name} (not registered)" for name in waiting)
         return [f"serving, waiting for the kubelet: {listed}"]
 
     def _status(self) -> str:
@@ -347,9 +380,12 @@ class Daemon:
         if not self.first_scan_done.is_set():
             return "STATUS=scanning"
         served = len(self.servers.servers)
+        waiting = len(self.servers.unregistered())
+        if self.dra is not None:  # its resources are served (and registered) together
+            served += len(self.dra.resources)
+            waiting += 0 if self.dra.registered() else len(self.dra.resources)
         if not served:
             return "STATUS=no devices found; watching for them"
-        waiting = len(self.servers.unregistered())
         if not waiting:
             return f"STATUS=serving {served} resource(s), all registered"
         return f"STATUS=serving {served} resource(s); waiting for the kubelet to register {waiting}"
@@ -359,6 +395,25 @@ class Daemon:
 
     def _registration_changed(self) -> None:
         self._registrations.set(self._registrations.value + 1)
+
+    async def _follow_dra_registration(self) -> None:
+        assert self.dra is not None
+        async for registered in self.dra.registration_changes():
+            self.metrics.dra_registered(registered)
+            self._registration_changed()
+
+    def _count_dra(self) -> None:
+        """The DRA front's numbers, for a scrape."""
+        assert self.dra is not None
+        slices = self.dra.slices
+        self.metrics.dra_counted(
+            slices=slices.slices,
+            devices=slices.devices,
+            writes=slices.writes,
+            failures=slices.failures,
+            rejected=slices.rejected,
+            prepared_claims=len(self.dra.prepared()),
+        )
 
     async def _announce_ready(self) -> None:
         """READY=1 once the first scan is published: devplug serves from then on (its probes
@@ -437,6 +492,11 @@ class Daemon:
             return
         try:
             settings, scanners = await asyncio.to_thread(self._config_loader)
+            if self.dra is not None:
+                # The running dra section stays (restart only): its resources must stay made.
+                from devplug.dra.front import check_resources
+
+                check_resources(self.dra.resources, scanners)
         except ConfigError as exc:
             self._refused(exc)
             return
@@ -482,6 +542,25 @@ class Daemon:
             reason=exc.message,
             kept="the running configuration",
         )
+
+
+class _CdiIds:
+    """The CDI ids DRA's Prepare answers with: what the device-plugin front's Allocate names
+    for the same device (its very code path, ``CdiNames``), so only while the spec on disk
+    defines the device as advertised now (devplug.dra.claims.CdiIds)."""
+
+    def __init__(self, names: CdiNames, advertised: Watchable[Advertised | None]) -> None:
+        self._names = names
+        self._advertised = advertised
+
+    def cdi_device_ids(self, resource: str, device_id: str) -> tuple[str, ...]:
+        published = self._advertised.value
+        info = None if published is None else published.tree.get(resource, {}).get(device_id)
+        if info is None:
+            return ()
+        self._names.confirm(resource)  # never name a spec that is gone
+        answer = self._names.extend(resource, [device_id], ContainerAllocation(), {device_id: info})
+        return answer.cdi_devices
 
 
 class _Events:

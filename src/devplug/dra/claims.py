@@ -33,12 +33,14 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import structlog
 
 from devplug.dra.checkpoint import Checkpoint, PreparedClaim, PreparedDevice
 from devplug.dra.slices import PoolDevice
+
+T = TypeVar("T")
 
 log = structlog.get_logger("devplug.dra")
 
@@ -96,6 +98,11 @@ class CallFailedError(Exception):
     """Nothing of a call could be done; the kubelet gets a gRPC error and asks again."""
 
 
+# Told of every Prepare and Unprepare call: (operation: "prepare" or "unprepare", result: "ok",
+# "claim_errors" when some claims got an error, "failed" when the call failed as a whole).
+CallObserver = Callable[[str, str], None]
+
+
 @dataclass(frozen=True, slots=True)
 class _Result:
     """One allocation result of this driver."""
@@ -118,6 +125,7 @@ class ClaimPreparer:
         pool: Callable[[], PublishedPool | None],
         cdi: CdiIds,
         checkpoint: Checkpoint,
+        observe: CallObserver | None = None,
     ) -> None:
         self.driver = driver
         self.pool_name = pool_name
@@ -125,6 +133,7 @@ class ClaimPreparer:
         self.pool = pool
         self.cdi = cdi
         self.checkpoint = checkpoint
+        self.observe = observe
         self._claims: dict[str, PreparedClaim] | None = None  # None until loaded
         self._lock = asyncio.Lock()
 
@@ -147,6 +156,23 @@ class ClaimPreparer:
     async def prepare(self, refs: Sequence[ClaimRef]) -> dict[str, Prepared]:
         """An answer for every claim of ``refs`` by uid; CallFailedError when none could get
         one (the checkpoint could not be written)."""
+        answers = await self._observed("prepare", self._prepare(refs))
+        self._told("prepare", any(answer.error for answer in answers.values()))
+        return answers
+
+    async def _observed(self, operation: str, call: Awaitable[T]) -> T:
+        try:
+            return await call
+        except Exception:
+            if self.observe is not None:
+                self.observe(operation, "failed")
+            raise
+
+    def _told(self, operation: str, claim_errors: bool) -> None:
+        if self.observe is not None:
+            self.observe(operation, "claim_errors" if claim_errors else "ok")
+
+    async def _prepare(self, refs: Sequence[ClaimRef]) -> dict[str, Prepared]:
         batch = {ref.uid: ref for ref in refs}
         known = self._claims or {}
         reads = await self._read_all([ref for ref in batch.values() if ref.uid not in known])
@@ -205,6 +231,11 @@ class ClaimPreparer:
     async def unprepare(self, refs: Sequence[ClaimRef]) -> dict[str, str]:
         """An error ("" for none) for every claim of ``refs`` by uid; an unknown uid is
         unprepared already. CallFailedError when the checkpoint could not be written."""
+        answers = await self._observed("unprepare", self._unprepare(refs))
+        self._told("unprepare", any(answers.values()))
+        return answers
+
+    async def _unprepare(self, refs: Sequence[ClaimRef]) -> dict[str, str]:
         uids = list(dict.fromkeys(ref.uid for ref in refs))
         async with self._lock:
             claims = await self._loaded()

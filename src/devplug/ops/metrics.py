@@ -15,7 +15,7 @@ import os
 import sys
 import time
 from collections import Counter as Tally
-from collections.abc import Iterator, Mapping, Sequence, Sized
+from collections.abc import Callable, Iterator, Mapping, Sequence, Sized
 from typing import TYPE_CHECKING, Generic, TypeVar
 
 from devplug._version import __version__
@@ -249,6 +249,36 @@ class Metrics:
             "not advertised Healthy). No series while the kubelet gives no allocatable set.",
             ["resource", "direction"],
         )
+        # The DRA front's (devplug.dra.front), with a dra section only.
+        self.dra_registration = _Gauge(
+            "devplug_dra_registered",
+            "1 while the kubelet has accepted the DRA plugin's registration and both of its "
+            "sockets are in place, else 0.",
+        )
+        self.dra_slices = _Gauge(
+            "devplug_dra_slices", "ResourceSlices of this node's pool, as last published."
+        )
+        self.dra_devices = _Gauge(
+            "devplug_dra_devices", "Devices in this node's pool, as last published."
+        )
+        self.dra_slice_writes = _Counter(
+            "devplug_dra_slice_writes",
+            "ResourceSlice create, update and delete requests sent to the API server, by result "
+            "(ok, failed, rejected: refused as invalid).",
+            ["result"],
+        )
+        self.dra_calls = _Counter(
+            "devplug_dra_calls",
+            "NodePrepareResources and NodeUnprepareResources calls, by operation (prepare, "
+            "unprepare) and result (ok; claim_errors: some claims got an error; failed: the "
+            "call failed as a whole).",
+            ["operation", "result"],
+        )
+        self.dra_prepared_claims = _Gauge(
+            "devplug_dra_prepared_claims", "ResourceClaims prepared on this node now."
+        )
+        # Called before each scrape, to read numbers kept elsewhere (the DRA front's).
+        self.refreshers: list[Callable[[], None]] = []
         # Filled in at the first scrape: reading gRPC's package metadata is start-up time that
         # nothing needs before someone scrapes.
         self.build_info = _Gauge(
@@ -347,6 +377,32 @@ class Metrics:
     def pod_resources_unavailable(self) -> None:
         self.pod_resources_up.labels().set(0)
 
+    # The DRA front's.
+
+    def dra_call(self, operation: str, result: str) -> None:
+        self.dra_calls.labels(operation, result).inc()
+
+    def dra_registered(self, registered: bool) -> None:
+        self.dra_registration.labels().set(1 if registered else 0)
+
+    def dra_counted(
+        self,
+        *,
+        slices: int,
+        devices: int,
+        writes: int,
+        failures: int,
+        rejected: int,
+        prepared_claims: int,
+    ) -> None:
+        """The publisher's totals so far (they only grow) and the counts now."""
+        self.dra_slices.labels().set(slices)
+        self.dra_devices.labels().set(devices)
+        self.dra_slice_writes.labels("ok").set(writes - failures)
+        self.dra_slice_writes.labels("failed").set(failures - rejected)
+        self.dra_slice_writes.labels("rejected").set(rejected)
+        self.dra_prepared_claims.labels().set(prepared_claims)
+
     # Scraping.
 
     @property
@@ -363,6 +419,8 @@ class Metrics:
         """prometheus_client's Collector protocol: every family, in the order defined."""
         if not self.build_info.series:
             self.build_info.labels(*_build_labels()).set(1)
+        for refresh in self.refreshers:
+            refresh()
         return _families(
             [
                 self.build_info,
@@ -381,6 +439,12 @@ class Metrics:
                 self.unhealthy_in_use,
                 self.gone_while_allocated,
                 self.allocatable_drift,
+                self.dra_registration,
+                self.dra_slices,
+                self.dra_devices,
+                self.dra_slice_writes,
+                self.dra_calls,
+                self.dra_prepared_claims,
             ]
         )
 
