@@ -298,8 +298,7 @@ def parts(devices: int) -> None:
     JSON logs (to /dev/null). Hit: the request was answered before under the same snapshot."""
     from devplug import logconfig
     from devplug._kits.values import LatestValue
-    from devplug.cdi.allocate import CdiNames, CdiOptions
-    from devplug.cdi.catalog import CdiCatalog, CdiResource
+    from devplug.cdi.allocate import CdiCatalog, CdiNames, CdiOptions, CdiResource
     from devplug.cdi.stamps import file_stamp
     from devplug.kubelet.allocation import default_allocation
     from devplug.kubelet.servicer import DevicePluginServicer

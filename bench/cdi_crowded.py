@@ -30,7 +30,7 @@ import uuid
 from pathlib import Path
 
 from bench.common import scratch_dir
-from devplug.cdi.catalog import CdiCatalog
+from devplug.cdi.allocate import CdiCatalog
 from devplug.cdi.ownership import STATE_DIR, STATE_DIR_MODE, OwnerLock
 from devplug.cdi.store import SpecStore
 from devplug.cdi.sync import CdiSync

@@ -28,8 +28,8 @@ import time
 from pathlib import Path
 
 from bench.common import scratch_dir
-from devplug.cdi.build import SpecRenderer, resource_spec
 from devplug.cdi.ownership import OwnerLock
+from devplug.cdi.render import SpecRenderer, resource_spec
 from devplug.cdi.spec import spec_document
 from devplug.cdi.store import SpecStore
 from devplug.model import DeviceInfo, DeviceNode, DeviceTree, Mount

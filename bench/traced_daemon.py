@@ -25,7 +25,7 @@ Stages, in the order an event meets them:
     serialize   the ListAndWatch response serializer (bytes pass through; grpc calls it)
     cdi.pass    carry_out                         a CDI pass's render and file I/O (after)
     gc0..gc2    the daemon's garbage collections (gc.callbacks), by generation
-    cdi.render  carry_out.render_in_slices        ... its render, in slices on the loop (the
+    cdi.render  passes.render_in_slices           ... its render, in slices on the loop (the
                                                   waits between slices, for the hotplug
                                                   path's quiet, included)
 """
@@ -83,7 +83,7 @@ def install() -> None:
     import grpc
 
     from devplug import model
-    from devplug.cdi import carry_out, sync
+    from devplug.cdi import passes, sync
     from devplug.hotplug import health, list_limit, listener, loop, scanning
     from devplug.kubelet import servers, servicer, wire
     from devplug.ops import metrics
@@ -102,7 +102,7 @@ def install() -> None:
     _wrap(metrics.Metrics, "set_devices", "metrics")
     _wrap(servicer.DevicePluginServicer, "_list_message", "message")
     _wrap(wire.ListMessageBuilder, "build", "build")
-    carry_out.render_in_slices = _timed("cdi.render", carry_out.render_in_slices)
+    passes.render_in_slices = _timed("cdi.render", passes.render_in_slices)
     sync.carry_out = _timed("cdi.pass", sync.carry_out)  # type: ignore[attr-defined]
 
     collecting: list[float] = []

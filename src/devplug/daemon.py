@@ -36,8 +36,7 @@ import structlog
 from devplug._kits.stopping import StopBudget
 from devplug._kits.tasks import running
 from devplug._kits.values import LatestValue, Watchable
-from devplug.cdi.allocate import CdiNames, CdiOptions
-from devplug.cdi.catalog import CdiCatalog
+from devplug.cdi.allocate import CdiCatalog, CdiNames, CdiOptions
 from devplug.config import Settings, parse_address
 from devplug.errors import ConfigError
 from devplug.hotplug.health import HealthGate

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from devplug._kits.dirwatch import DirWatcher
-from devplug.cdi import catalog as catalog_module
-from devplug.cdi.catalog import CdiCatalog, CdiResource
+from devplug.cdi import allocate as allocate_module
+from devplug.cdi.allocate import CdiCatalog, CdiResource
 from devplug.cdi.stamps import FileStamp, file_stamp
 from devplug.model import DeviceInfo, DeviceNode
 from devplug.testing import eventually
@@ -31,7 +31,7 @@ def lstats(monkeypatch: pytest.MonkeyPatch) -> list[Path]:
         seen.append(path)
         return file_stamp(path)
 
-    monkeypatch.setattr(catalog_module, "file_stamp", counted)
+    monkeypatch.setattr(allocate_module, "file_stamp", counted)
     return seen
 
 
@@ -175,7 +175,7 @@ async def test_a_change_no_event_tells_of_is_seen_once_the_lstat_is_old(
     cdi_dir.mkdir()
     elsewhere.mkdir()
     clock = FakeClock()
-    monkeypatch.setattr(catalog_module, "time", clock)
+    monkeypatch.setattr(allocate_module, "time", clock)
     watcher = DirWatcher(cdi_dir, lambda name: name.endswith(".json"), "cdi", attributes=True)
     task = asyncio.create_task(watcher.run())
     try:
@@ -191,7 +191,7 @@ async def test_a_change_no_event_tells_of_is_seen_once_the_lstat_is_old(
         catalog.confirm(RESOURCE)
         link = elsewhere / "link.json"
         link.write_text(link.read_text() + " ")  # the spec's own inode, changed in place
-        clock.now += catalog_module.CONFIRM_MAX_AGE_S - 0.01
+        clock.now += allocate_module.CONFIRM_MAX_AGE_S - 0.01
         catalog.confirm(RESOURCE)
         assert catalog.get(RESOURCE) is not None  # within the age, the name stands
         clock.now += 0.02

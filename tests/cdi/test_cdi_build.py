@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from devplug.cdi import build
-from devplug.cdi.build import HostAccess, device_edits, host_access, resource_spec
+from devplug.cdi import render
 from devplug.cdi.generate import ResourceSpec, specs_text, tree_specs
+from devplug.cdi.render import HostAccess, device_edits, host_access, resource_spec
 from devplug.cdi.spec import (
     ContainerEdits,
     DeviceNodeEdit,
@@ -287,13 +287,13 @@ def test_resource_spec_shape_carries_no_annotations() -> None:
 
 def test_shares_of_one_device_info_are_built_once(monkeypatch: pytest.MonkeyPatch) -> None:
     calls: list[DeviceInfo] = []
-    real = build.device_edits
+    real = render.device_edits
 
     def counting(info: DeviceInfo) -> ContainerEdits:
         calls.append(info)
         return real(info)
 
-    monkeypatch.setattr(build, "device_edits", counting)
+    monkeypatch.setattr(render, "device_edits", counting)
     gpu = intel_gpu("0000:03:00.0", 0)
     other = node_info("/dev/x")
     devices = {"card0-0": gpu, "card0-1": gpu, "card0-2": gpu, "x": other}

@@ -26,11 +26,13 @@ import aiofiles.os
 import pytest
 
 from devplug.cdi.files import SPEC_SUFFIXES, UnsafeDirError, remove_temp_files
-from devplug.cdi.mutex import MUTEX_FILE, MUTEX_TIMEOUT_S, StateDirBusyError
 from devplug.cdi.ownership import (
+    MUTEX_FILE,
+    MUTEX_TIMEOUT_S,
     STATE_DIR,
     OwnerLock,
     OwnerRecord,
+    StateDirBusyError,
     content_id,
     owner_alive,
     read_record,

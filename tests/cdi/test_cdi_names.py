@@ -8,17 +8,9 @@ import re
 
 import pytest
 
-from devplug.cdi.names import (
-    ANNOTATION_PREFIX,
-    MAX_ANNOTATION_NAME,
-    annotation_key,
-    cdi_device_name,
-    default_kind,
-    device_name_problem,
-    parse_kind,
-    parse_qualified_name,
-    qualified_name,
-)
+from devplug.cdi.allocate import ANNOTATION_PREFIX, MAX_ANNOTATION_NAME, annotation_key
+from devplug.cdi.render import cdi_device_name, default_kind
+from devplug.cdi.spec import device_name_problem, parse_kind, parse_qualified_name, qualified_name
 from devplug.errors import CdiSpecError, InvalidNameError
 from devplug.naming import spec_file_name, validate_resource_name
 

@@ -41,8 +41,8 @@ import structlog
 
 from devplug.cdi import store as store_module
 from devplug.cdi.files import read_bounded
-from devplug.cdi.mutex import MUTEX_FILE
 from devplug.cdi.ownership import (
+    MUTEX_FILE,
     STATE_DIR,
     OwnerLock,
     owner_alive,

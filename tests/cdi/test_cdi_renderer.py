@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from devplug.cdi.build import SpecRenderer, resource_spec
+from devplug.cdi.render import SpecRenderer, resource_spec
 from devplug.cdi.spec import spec_json
 from devplug.errors import CdiSpecError
 from devplug.model import CdiEdits, CdiHook, DeviceInfo, DeviceNode, DeviceTree, Mount

@@ -24,9 +24,9 @@ import pytest
 import structlog
 
 from devplug.cdi import files as files_module
-from devplug.cdi import mutex as mutex_module
+from devplug.cdi import ownership as ownership_module
 from devplug.cdi import store as store_module
-from devplug.cdi.catalog import CdiResource
+from devplug.cdi.allocate import CdiResource
 from devplug.cdi.ownership import STATE_DIR, OwnerLock, read_record
 from devplug.cdi.stamps import FileStamp
 from devplug.cdi.store import SpecStore
@@ -683,7 +683,7 @@ async def test_the_daemons_own_specs_are_written_before_the_start_up_clean_up(
     for index in range(foreign):
         (cdi_dir / f"vendor.example-f{index}.json").write_bytes(b'{"kind":"vendor.example/f"}')
     mutex_turns: list[Path] = []
-    real_exclusive = mutex_module.exclusive
+    real_exclusive = ownership_module.exclusive
 
     def counted(directory: Path, *args: Any) -> Any:
         mutex_turns.append(directory)
@@ -943,7 +943,7 @@ async def test_while_a_spec_is_replaced_only_unchanged_devices_are_named(
     import devplug.cdi.sync as cdi_sync
 
     seen: list[frozenset[str] | None] = []
-    from devplug.cdi.carry_out import carry_out as real
+    from devplug.cdi.passes import carry_out as real
 
     scanner = StaticScanner({SERIAL: devices(3)})
     async with running_daemon(settings(kubelet_dir, cdi_dir), [scanner]) as daemon:
@@ -1096,7 +1096,8 @@ RSS_PROBE = """
 import asyncio, resource, sys
 from pathlib import Path
 from devplug.config import CdiSettings
-from devplug.cdi.sync import CdiCatalog, CdiSync
+from devplug.cdi.allocate import CdiCatalog
+from devplug.cdi.sync import CdiSync
 from devplug.model import DeviceInfo, DeviceNode, DeviceTree
 
 async def main():
@@ -1152,7 +1153,7 @@ async def test_a_huge_foreign_spec_is_never_read_whole(short_dir: Path) -> None:
 
 
 def test_narrowing_a_catalog_entry_through_an_edit_names_what_a_full_pass_names() -> None:
-    from devplug.cdi.catalog import CdiResource
+    from devplug.cdi.allocate import CdiResource
     from devplug.model import DeviceInfo, DeviceNode
 
     def node(i: int) -> DeviceInfo:

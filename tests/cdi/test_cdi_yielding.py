@@ -15,7 +15,8 @@ import pytest
 
 from devplug.cdi import spec as spec_module
 from devplug.cdi import sync as sync_module
-from devplug.cdi.build import (
+from devplug.cdi.allocate import CdiCatalog
+from devplug.cdi.render import (
     SORT_RUN,
     RenderedSpec,
     SpecRenderer,
@@ -23,7 +24,6 @@ from devplug.cdi.build import (
     finish,
     resource_spec,
 )
-from devplug.cdi.catalog import CdiCatalog
 from devplug.cdi.spec import ContainerEdits, MountEdit, spec_json
 from devplug.cdi.sync import CdiSync
 from devplug.config import CdiSettings

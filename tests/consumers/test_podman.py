@@ -35,8 +35,8 @@ from podman_harness import (
     why_podman_cannot_run,
 )
 
-from devplug.cdi.build import SpecRenderer
-from devplug.cdi.names import qualified_name
+from devplug.cdi.render import SpecRenderer
+from devplug.cdi.spec import qualified_name
 from devplug.model import ContainerAllocation, DeviceInfo, DeviceNode
 from devplug.naming import spec_file_name
 from devplug.testing import KubeletSimulator, PluginSession, daemon_process

@@ -12,9 +12,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from devplug.cdi.build import SpecRenderer
-from devplug.cdi.catalog import CdiCatalog, CdiResource
-from devplug.cdi.names import cdi_device_name, default_kind, qualified_name
+from devplug.cdi.allocate import CdiCatalog, CdiResource
+from devplug.cdi.render import SpecRenderer, cdi_device_name, default_kind
+from devplug.cdi.spec import qualified_name
 from devplug.cdi.stamps import file_stamp
 from devplug.dra.apiclient import LightkubeApi, load_api_client
 from devplug.dra.checkpoint import CHECKPOINT_FILE, Checkpoint

@@ -30,8 +30,8 @@ from helpers import UEVENTS
 
 from devplug._proto import deviceplugin_v1beta1_pb2 as pb
 from devplug._proto import deviceplugin_v1beta1_pb2_grpc as pb_grpc
-from devplug.cdi.leftovers import TEMP_FILE_MIN_AGE_S
 from devplug.cdi.ownership import STATE_DIR
+from devplug.cdi.sync import TEMP_FILE_MIN_AGE_S
 from devplug.daemon import Daemon
 from devplug.kubelet.registration import CHECKPOINT_FILE, KUBELET_SOCKET
 from devplug.kubelet.server import socket_path_for

@@ -7,7 +7,8 @@ from collections.abc import Callable
 
 import pytest
 
-from devplug.cdi.names import cdi_device_name, device_name_problem, parse_kind
+from devplug.cdi.render import cdi_device_name
+from devplug.cdi.spec import device_name_problem, parse_kind
 from devplug.errors import CdiSpecError, InvalidNameError
 from devplug.model import DeviceNode, Mount, is_device_node_path
 from devplug.naming import (

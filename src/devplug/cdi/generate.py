@@ -9,8 +9,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import NamedTuple
 
-from devplug.cdi.build import resource_spec
-from devplug.cdi.names import default_kind
+from devplug.cdi.render import default_kind, resource_spec
 from devplug.cdi.spec import Spec, spec_document, spec_json
 from devplug.cdi.store import DEFAULT_INSTANCE, SpecStore
 from devplug.errors import CdiSpecError

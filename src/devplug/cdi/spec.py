@@ -1,4 +1,13 @@
-"""The CDI spec model (version 1.1.0 of the spec), its validation, version choice and JSON.
+"""The CDI spec (version 1.1.0): its names, its model, its validation, version choice and JSON.
+
+Names follow the rules the CDI Go library applies (``pkg/parser``, ``pkg/cdi``):
+
+- A kind is ``<vendor>/<class>``. Vendor and class each start with a letter, end with a
+  letter or digit, and hold letters, digits, ``_``, ``-`` and ``.`` in between.
+- A device name starts and ends with a letter or digit and holds letters, digits, ``_``,
+  ``-``, ``.`` and ``:`` in between. devplug's device ids use the same alphabet, so an id is
+  its own CDI name (:func:`devplug.cdi.render.cdi_device_name`).
+- A qualified name is ``<vendor>/<class>=<name>``.
 
 Validation applies the rules the CDI Go library applies when a runtime loads a spec (a spec
 that breaks one is dropped by the runtime, so devplug refuses to write it), plus a few the
@@ -19,9 +28,15 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
-from devplug.cdi.names import device_name_problem, parse_kind
 from devplug.errors import CdiSpecError
-from devplug.naming import DNS1123_SUBDOMAIN, MAX_NAME, MAX_SUBDOMAIN, QUALIFIED_NAME
+from devplug.naming import (
+    DEVICE_ID,
+    DNS1123_SUBDOMAIN,
+    MAX_NAME,
+    MAX_SUBDOMAIN,
+    QUALIFIED_NAME,
+    cdi_kind_problem,
+)
 
 # Every version the CDI library knows, oldest first; 0.3.0 is the lowest it computes.
 VERSIONS = ("0.3.0", "0.4.0", "0.5.0", "0.6.0", "0.7.0", "0.8.0", "1.0.0", "1.1.0")
@@ -38,6 +53,49 @@ MAX_UINT32 = 2**32 - 1
 # masks only S_IFMT off before mknod: a value above 0o777 means different things to each.
 MAX_FILE_MODE = 0o777
 _EMPTY: Mapping[str, str] = MappingProxyType({})
+
+
+# ------------------------------------------------------------------------- names
+
+
+def parse_kind(kind: str) -> tuple[str, str]:
+    """``"vendor.com/class"`` -> ``("vendor.com", "class")``; raises CdiSpecError if invalid."""
+    problem = cdi_kind_problem(kind)
+    if problem is not None:
+        raise CdiSpecError(f"invalid kind {kind!r}: {problem}")
+    vendor, _, cls = kind.partition("/")
+    return vendor, cls
+
+
+def device_name_problem(name: str) -> str | None:
+    """Why ``name`` is not a valid CDI device name, or None."""
+    if not name:
+        return "empty device name"
+    if not DEVICE_ID.match(name):
+        return (
+            f"device name {name!r} must start and end with a letter or digit and hold only "
+            "letters, digits, '_', '-', '.' and ':'"
+        )
+    return None
+
+
+def qualified_name(kind: str, name: str) -> str:
+    return f"{kind}={name}"
+
+
+def parse_qualified_name(text: str) -> tuple[str, str, str]:
+    """``"vendor/class=name"`` -> (vendor, class, name); raises CdiSpecError if invalid."""
+    kind, sep, name = text.partition("=")
+    if not sep:
+        raise CdiSpecError(f"unqualified device {text!r}, missing '='")
+    vendor, cls = parse_kind(kind)
+    problem = device_name_problem(name)
+    if problem is not None:
+        raise CdiSpecError(f"invalid device {text!r}: {problem}")
+    return vendor, cls, name
+
+
+# ------------------------------------------------------------------------- the model
 
 
 @dataclass(frozen=True, slots=True)

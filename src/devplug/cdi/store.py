@@ -37,11 +37,11 @@ from devplug.cdi.files import (
     stamp,
     write_atomically,
 )
-from devplug.cdi.mutex import exclusive
 from devplug.cdi.ownership import (
     OwnerLock,
     OwnerRecord,
     content_id,
+    exclusive,
     owner_alive,
     read_record,
     record_path,

@@ -5,10 +5,12 @@ or trees handed over with :meth:`CdiSync.submit`), and its task rebuilds the spe
 resources that changed and writes those whose bytes changed (through aiofiles).
 Specs are written when devices are discovered, not inside Allocate; a resource that goes away
 takes its spec with it, and so does an orderly shutdown unless ``keep_on_exit``. What each
-pass came to is kept in a :class:`~devplug.cdi.ledger.SpecLedger`. At start-up, once the
-first pass has written the current specs, those this instance wrote in an earlier run for
-resources it no longer has are deleted (:mod:`devplug.cdi.leftovers`). A shutdown's
-:meth:`CdiSync.close` takes CLOSE_TIMEOUT_S at most, whatever the CDI dir holds.
+pass came to is kept in a :class:`~devplug.cdi.passes.SpecLedger`. At start-up, once the
+first pass has written the current specs, what earlier runs left is cleared
+(:func:`remove_leftovers`): a daemon killed or restarted with fewer resources leaves specs
+nobody serves (a runtime would still inject their devices), temp files of writes cut half
+way, and the locks of daemons gone. A shutdown's :meth:`CdiSync.close` takes CLOSE_TIMEOUT_S
+at most, whatever the CDI dir holds.
 
 CDI work never delays a hotplug event's ListAndWatch message: a pass starts SETTLE_S after the
 tree it follows was handed over, renders on the event loop in slices (a first render of
@@ -33,7 +35,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import math
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence, Set
 from typing import Protocol
 
 import structlog
@@ -42,14 +44,22 @@ from devplug._kits.backoff import Backoff
 from devplug._kits.dirwatch import DirWatcher
 from devplug._kits.problems import ProblemLog, error_reason
 from devplug._kits.values import LatestValue, Watchable
-from devplug.cdi.build import SpecRenderer
-from devplug.cdi.carry_out import SLICE_S, PassAbandoned, carry_out, yield_to_loop
-from devplug.cdi.catalog import CdiCatalog
-from devplug.cdi.ledger import SpecLedger
-from devplug.cdi.leftovers import remove_leftovers
-from devplug.cdi.names import default_kind
-from devplug.cdi.ownership import STATE_DIR, OwnerLock, owner_alive
-from devplug.cdi.plan import Check, Outcome, Plan, Removal, Write
+from devplug.cdi.allocate import CdiCatalog
+from devplug.cdi.files import remove_temp_files
+from devplug.cdi.ownership import STATE_DIR, OwnerLock, owner_alive, state_dir
+from devplug.cdi.passes import (
+    SLICE_S,
+    Check,
+    Outcome,
+    PassAbandoned,
+    Plan,
+    Removal,
+    SpecLedger,
+    Write,
+    carry_out,
+    yield_to_loop,
+)
+from devplug.cdi.render import SpecRenderer, default_kind
 from devplug.cdi.store import DEFAULT_INSTANCE, SpecStore
 from devplug.config import CdiSettings
 from devplug.errors import CdiSpecError
@@ -57,7 +67,7 @@ from devplug.model import DeviceTree
 from devplug.naming import spec_files
 from devplug.scanners.base import Scanner
 
-log = structlog.get_logger("devplug.cdi")
+log = structlog.get_logger(__name__)
 
 RETRY_INITIAL_S = 1.0
 # How long after a change the specs are rebuilt (changes within it are written once).
@@ -83,6 +93,8 @@ CLOSE_TIMEOUT_S = 3.0
 # left then fail at once), and the removals themselves half of it before the end (a file
 # operation that hangs, on a stuck disk), which leaves time to let go of the lock.
 CLOSE_SPARE_S = 1.0
+# Temp files younger than this may be another instance's write in progress.
+TEMP_FILE_MIN_AGE_S = 60.0
 
 
 class PublishedTree(Protocol):
@@ -433,6 +445,40 @@ class CdiSync:
         except TimeoutError:
             reason = f"not removed within the {CLOSE_TIMEOUT_S:g} s allowed at shutdown"
             left.update({done.entry.file_name: reason for _, done in pending})
+
+
+async def remove_leftovers(
+    store: SpecStore, wanted: Set[str], pause: Callable[[], Awaitable[None]]
+) -> None:
+    """Delete this instance's specs of earlier runs but those named in ``wanted`` (the spec
+    files of the resources advertised now), old temp files and the locks of daemons gone.
+    Only this instance's specs whose daemon is gone go (:mod:`devplug.cdi.store` has the
+    rules); those of the resources advertised now stay, for the passes to check.
+
+    Raises OSError when the dir cannot be used (to be tried again). ``pause`` is awaited
+    before each spec's removal (the sync's: it ends the clean-up once the daemon stops). Each
+    look through a dir is one worker-thread hop, so that thousands of other writers' files
+    cost little (their names only: candidates come from devplug's records).
+    """
+    directory = store.directory
+    await store.prepare()
+    stale_temps = await remove_temp_files(directory, TEMP_FILE_MIN_AGE_S)
+    stale_temps += await remove_temp_files(state_dir(directory), TEMP_FILE_MIN_AGE_S)
+    await store.remove_dead_locks()
+    candidates = await store.stale_candidates()
+    for name in candidates:
+        if name in wanted:
+            continue
+        await pause()
+        try:
+            resource = await store.remove_stale(name)
+        except OSError as exc:
+            log.warning("cdi.spec.remove_failed", file=name, reason=error_reason(exc))
+            continue
+        if resource is not None:
+            log.info("cdi.spec.removed", file=name, resource=resource, reason="stale")
+    if stale_temps:
+        log.info("cdi.temp_files.removed", count=stale_temps)
 
 
 def default_instance(scanners: Sequence[Scanner]) -> str:

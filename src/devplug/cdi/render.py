@@ -1,5 +1,7 @@
-"""From a resource's advertised devices to its CDI spec (no files written; each device node's
-mode and group are read from the host node, an lstat, when its device is rendered)."""
+"""From a resource's advertised devices to its CDI spec: the kind and device names devplug
+gives them, each device's container edits, and the spec file's bytes (no files written; each
+device node's mode and group are read from the host node, an lstat, when its device is
+rendered)."""
 
 from __future__ import annotations
 
@@ -12,7 +14,6 @@ from collections.abc import Callable, Generator, Iterable, Mapping
 from dataclasses import dataclass
 from typing import NamedTuple, TypeVar
 
-from devplug.cdi.names import cdi_device_name
 from devplug.cdi.spec import (
     MAX_FILE_MODE,
     ContainerEdits,
@@ -24,20 +25,49 @@ from devplug.cdi.spec import (
     assemble_spec_json,
     compact_json,
     device_document,
+    device_name_problem,
     device_problems,
     device_version,
     head_problems,
     head_version,
     later_version,
+    parse_kind,
 )
 from devplug.errors import CdiSpecError
 from devplug.model import DeviceInfo, DeviceNode, MapEdit
-from devplug.naming import NaturalKey, natural_key
+from devplug.naming import NaturalKey, device_id_problem, natural_key
 
 # Told by a render in slices whether its slice is used up (True: yield to the caller now).
 Due = Callable[[], bool]
 # Ids sorted at once (a run), before the runs are merged: a slice of work each.
 SORT_RUN = 256
+
+
+def default_kind(resource: str) -> str:
+    """The kind for a resource: the resource name itself when it is a valid kind (as
+    ``gpu.intel.com/i915`` is). A vendor or class that starts with a digit, or is a single
+    character (both allowed in resource names, not in kinds), gets an ``x`` in front:
+    ``3d.example.com/cam`` -> ``x3d.example.com/cam``, ``example.com/a`` -> ``example.com/xa``.
+    Resource names hold no other character a kind refuses."""
+    vendor, _, cls = resource.partition("/")
+    fixed = "/".join(
+        part if part[:1].isalpha() and len(part) > 1 else "x" + part for part in (vendor, cls)
+    )
+    parse_kind(fixed)
+    return fixed
+
+
+def cdi_device_name(device_id: str) -> str:
+    """The CDI device name of a device id: the id itself.
+
+    Device ids are checked against the CDI device-name alphabet when a tree is built
+    (:func:`devplug.naming.device_id_problem`), so this never has to map anything; it raises
+    rather than invent a name if that ever stops being true.
+    """
+    problem = device_id_problem(device_id) or device_name_problem(device_id)
+    if problem is not None:
+        raise CdiSpecError(f"device id {device_id!r} is not a CDI device name: {problem}")
+    return device_id
 
 
 def _never() -> bool:
