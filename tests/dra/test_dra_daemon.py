@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import json
 import signal
+import sys
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -280,6 +281,75 @@ async def test_kubelet_and_daemon_restarts_keep_registration_and_prepared_claims
         assert "already prepared" in refused.error
         assert await node.dra.unprepare(DRIVER, [claim]) == {claim.uid: ""}
         assert (await node.dra.prepare(DRIVER, [other]))[other.uid].error == ""
+
+
+# ------------------------------------------------------------------ devplug status
+
+
+async def devplug_status(node: Node, *args: str) -> tuple[int, str]:
+    """``devplug status ARGS`` for this node's kubelet dir, in a child process."""
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "devplug",
+        "status",
+        "--kubelet-dir",
+        str(node.kubelet_dir),
+        *args,
+        stdout=asyncio.subprocess.PIPE,
+    )
+    out, _ = await asyncio.wait_for(process.communicate(), 60)
+    assert process.returncode is not None
+    return process.returncode, out.decode()
+
+
+async def test_status_shows_the_dra_driver_and_its_prepared_claims(node: Node) -> None:
+    async with serving(node) as daemon:
+        await node.dra.wait_for_plugin(DRIVER)
+        await node.wait_for_pool({IGPU_NAME}, "the pool")
+        await spec_written(daemon, I915)
+        claim = node.claim("train", IGPU_NAME)
+        assert (await node.dra.prepare(DRIVER, [claim]))[claim.uid].error == ""
+
+        code, out = await devplug_status(node, "--output", "json")
+        assert code == 0, out
+        (driver,) = json.loads(out)["dra"]
+        assert driver["driver"] == DRIVER and driver["state"] == "serving"
+        assert driver["registration_socket"] == str(
+            node.root / "plugins_registry" / f"{DRIVER}-reg.sock"
+        )
+        assert driver["endpoint"] == str(node.root / "plugins" / DRIVER / "dra.sock")
+        (prepared,) = driver["prepared_claims"]
+        assert (prepared["namespace"], prepared["name"], prepared["uid"]) == (
+            "team-a",
+            "train",
+            claim.uid,
+        )
+        assert prepared["devices"] == [
+            {
+                "resource": I915,
+                "id": IGPU,
+                "device": IGPU_NAME,
+                "cdi_device_ids": [f"{I915}={IGPU}"],
+            }
+        ]
+
+        code, out = await devplug_status(node)
+        assert code == 0, out
+        assert f"{DRIVER}: team-a/train holds {I915}={IGPU}" in out.splitlines()
+        row = next(line for line in out.splitlines() if line.startswith(DRIVER + " "))
+        assert row.split()[-2:] == ["1", "serving"]  # PREPARED CLAIMS, STATUS
+
+        # The metrics count it.
+        assert daemon.metrics.registry.get_sample_value("devplug_dra_prepared_claims") == 1
+        calls = {"operation": "prepare", "result": "ok"}
+        assert daemon.metrics.registry.get_sample_value("devplug_dra_calls_total", calls) == 1
+        assert daemon.metrics.registry.get_sample_value("devplug_dra_registered") == 1
+        assert daemon.metrics.registry.get_sample_value("devplug_dra_slices") == 1
+        writes = daemon.metrics.registry.get_sample_value(
+            "devplug_dra_slice_writes_total", {"result": "ok"}
+        )
+        assert writes == node.api.writes  # the create of the one slice, nothing else
 
 
 # ------------------------------------------------------------------ devplug run, SIGTERM

@@ -9,6 +9,9 @@ plugin that did not answer holds is unknown: its counts are None (null), never 0
 With ``--pods`` (:mod:`devplug.cli.holders`) it also reads the kubelet's pod resources API
 and lists each device of devplug's resources with the containers that hold it.
 
+The DRA drivers in the kubelet's plugin registry, and the claims devplug's driver has prepared,
+are listed after the plugins (:mod:`devplug.cli.dra_status`).
+
 Nor does a socket say whether its plugin is registered. What status can see is the kubelet's
 own socket: without a kubelet listening on ``kubelet.sock`` no plugin can be registered, so a
 plugin that answers is then "serving, waiting for the kubelet". (devplug's ``/readyz`` tells
@@ -31,6 +34,7 @@ from collections import Counter
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from devplug.cli.dra_status import beside_dra, dra_document, dra_table
 from devplug.cli.holders import (
     Listed,
     PodsStatus,
@@ -231,11 +235,14 @@ def status_command(
         return 2
     socket = pod_resources_socket or default_socket(kubelet_dir.absolute())
     try:
-        kubelet, plugins, holders = asyncio.run(survey_all(kubelet_dir, timeout, socket, pods))
+        (kubelet, plugins, holders), dra = asyncio.run(
+            beside_dra(survey_all(kubelet_dir, timeout, socket, pods), kubelet_dir, timeout)
+        )
     except OSError as exc:
         print(f"devplug: cannot read {kubelet_dir}: {exc.strerror or exc}", file=sys.stderr)
         return 1
     failed = any(plugin.error is not None for plugin in plugins)
+    failed |= any(driver.error is not None for driver in dra)
     failed |= holders is not None and not holders.available
     if output in ("json", "yaml"):
         listed = [plugin_document(p, kubelet, holders) for p in plugins]
@@ -246,6 +253,7 @@ def status_command(
         }
         if holders is not None:
             document["pod_resources"] = holders.document()
+        document["dra"] = [dra_document(driver) for driver in dra]
         if output == "json":
             sys.stdout.write(json.dumps(document, indent=2) + "\n")
         else:
@@ -261,6 +269,8 @@ def status_command(
         sys.stdout.write(status_table(plugins, kubelet, holders))
         if holders is not None:
             sys.stdout.write("\n" + devices_table(holders))
+    if dra and output not in ("json", "yaml"):
+        sys.stdout.write("\n" + dra_table(dra))
     return 1 if failed else 0
 
 

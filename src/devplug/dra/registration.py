@@ -129,6 +129,34 @@ class RegistrationServicer(reg_grpc.RegistrationServicer):
 
 
 @dataclass(frozen=True, slots=True)
+class RegistrationInfo:
+    """What a registration socket answers GetInfo with (``devplug status`` shows it)."""
+
+    type: str
+    driver: str
+    endpoint: str
+    supported_versions: tuple[str, ...]
+
+
+class RegistrationProbeError(Exception):
+    """The registration socket did not answer GetInfo (the message says why)."""
+
+
+async def ask_registration(socket: Path, timeout: float) -> RegistrationInfo:
+    """GetInfo on ``socket``, as the kubelet's plugin watcher asks it; RegistrationProbeError
+    when it does not answer within ``timeout`` seconds."""
+    channel = grpc.aio.insecure_channel(f"unix://{socket.absolute()}")
+    try:
+        stub = reg_grpc.RegistrationStub(channel)
+        info = await stub.GetInfo(reg.InfoRequest(), timeout=timeout)
+    except grpc.aio.AioRpcError as exc:
+        raise RegistrationProbeError(f"{exc.code().name}: {exc.details()}") from None
+    finally:
+        await channel.close(None)
+    return RegistrationInfo(info.type, info.name, info.endpoint, tuple(info.supported_versions))
+
+
+@dataclass(frozen=True, slots=True)
 class PluginTiming:
     """Back-off and stop times; tests shorten them, the defaults suit a real node."""
 
