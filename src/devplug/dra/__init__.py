@@ -2,7 +2,8 @@
 node-local pool, and the kubelet DRA plugin that prepares claims with the same CDI ids the
 device-plugin front hands out.
 
-What this room may use: the model, the naming rules, errors and the kits. Never the other
+What this room may use: the model, the settings, the scanners' protocols, the naming rules,
+errors and the kits. Never the other
 fronts (``kubelet/``, ``cdi/``, ``hotplug/``, ``ops/``): the composition wires them. grpc and
 protobuf only in the kubelet-plugin modules (:mod:`.registration`, :mod:`.service`,
 :mod:`.sockets`), lightkube and its HTTP stack only in :mod:`.apiclient` (the import contracts
@@ -17,10 +18,14 @@ free of grpc.
   :mod:`.formats` holds the name formats (DNS label, C identifier, ...) they share.
 - :mod:`.apiclient`: the REST calls to the API server, as plain JSON, behind one interface.
 - :mod:`.publisher`: keeps the pool published (settle, build, write, back off); it follows
-  the API server's slices through :mod:`.slicemirror` (list, then watch), plans the
-  generation and the writes in :mod:`.slicediff` and checks each slice in :mod:`.screening`.
+  the API server's slices through :mod:`.slicemirror` (list, then watch), checks each slice
+  in :mod:`.screening`, plans the generation and the writes in :mod:`.slicediff` and sends
+  them through :mod:`.slicewrites`.
 - :mod:`.registration`: the kubelet plugin's registration socket and DRA service socket;
   :mod:`.sockets` claims a socket path without clobbering anyone's.
 - :mod:`.service`: the DRAPlugin service (v1 and v1beta1) over :mod:`.claims`, which decides
   Prepare and Unprepare and keeps their answers in :mod:`.checkpoint`.
+- :mod:`.front`: the front as the daemon runs it: the publisher, the kubelet plugin and the
+  claims over one API client, following the advertised tree; the node and API server from the
+  environment, and which ``dra.resources`` a configured scanner makes.
 """

@@ -17,16 +17,19 @@ first:
    worker thread: for 1,000 devices it is ~0.1 s of CPU that must not stall the event loop
    (the device-plugin front answers the kubelet on it). It is skipped when the DRA
    resources' devices are the same as in the previous pass.
-3. **Plan and write** (:mod:`.slicediff`): the generation (bumped once per change of the
-   pool's content), then deletes of obsolete slices (with the uid and resourceVersion seen as
-   preconditions; 404 is fine), then creates and PUTs (conditional on the resourceVersion
-   seen; a 409 waits for the watch to show the newer slice and tries again), sent
-   concurrently. No request at all when nothing differs, so an idle node writes nothing.
+3. **Plan** (:mod:`.slicediff`): the generation (bumped once per change of the pool's
+   content) and the creates, PUTs and deletes. No request at all when nothing differs, so
+   an idle node writes nothing.
+4. **Write** (:mod:`.slicewrites`): deletes of obsolete slices (with the uid and
+   resourceVersion seen as preconditions; 404 is fine), then creates and PUTs, concurrently
+   (conditional on the resourceVersion seen; a 409 waits for the watch to show the newer
+   slice, and the next pass tries again).
 
 **Wipes.** The kubelet deletes every slice of its node when it starts, and a driver's slices
-30 s after that driver's plugin disconnected (``DeleteCollection``, reference/DRA.md §1.2);
-the watch's DELETED events wake the publisher, which writes the pool back, at the same
-generation when its content did not change meanwhile.
+30 s after that driver's plugin disconnected (``DeleteCollection``; kubernetes/kubernetes
+``pkg/kubelet/cm/dra/plugin/dra_plugin_manager.go``, ``wipeResourceSlices``); the watch's
+DELETED events wake the publisher, which writes the pool back, at the same generation when
+its content did not change meanwhile.
 
 **Failures.** While the API server is away (refused, reset, 5xx, 429) it retries with
 exponential back-off and jitter (``retry_initial_s`` 0.5 s doubling to ``retry_max_s``
@@ -39,8 +42,9 @@ from RBAC, ...) is logged once and retried with back-off.
 **Stopping** (cancelling :meth:`~SlicePublisher.run`) deletes nothing: the kubelet wipes a
 driver's slices itself 30 s after its plugin went away, and a daemon that restarts within
 that time finds its pool as it left it and writes nothing, instead of making the pool vanish
-and come back under the scheduler (the reference helper does not delete on stop either; a
-node that goes for good takes its slices with it through their owner reference).
+and come back under the scheduler (the reference helper's ``Stop`` only stops its
+controller either; a node that goes for good takes its slices with it through their owner
+reference).
 
 :attr:`~SlicePublisher.stats` holds counters for the metrics module; :attr:`published` the
 pool as last published in full (what Prepare maps allocated device names through).
@@ -52,25 +56,19 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterable, Collection, Hashable, Mapping
 from dataclasses import dataclass, replace
-from typing import Any
 
 import structlog
 
 from devplug._kits.backoff import Backoff
 from devplug._kits.problems import ProblemLog
 from devplug._kits.values import LatestValue, Watchable
-from devplug.dra.apiclient import (
-    ApiStatusError,
-    ApiUnreachableError,
-    JsonObject,
-    KubeApi,
-    UnsentFieldsError,
-)
+from devplug.dra.apiclient import ApiStatusError, ApiUnreachableError, JsonObject, KubeApi
 from devplug.dra.naming import pool_name, validate_driver_name
 from devplug.dra.screening import Screened, SliceScreen, SliceValidator
-from devplug.dra.slicediff import Published, SlicePlan, Update, normalised, plan_slices
+from devplug.dra.slicediff import Published, SlicePlan, plan_slices
 from devplug.dra.slicemirror import ApiOutage, SliceMirror, api_is_down
 from devplug.dra.slices import Omission, Pool, build_pool
+from devplug.dra.slicewrites import SliceWriter, count
 from devplug.dra.validate import validate_resource_slice
 from devplug.model import DeviceTree
 
@@ -79,7 +77,6 @@ log = structlog.get_logger("devplug.dra")
 SETTLE_S = 0.15
 RETRY_INITIAL_S = 0.5
 RETRY_MAX_S = 15.0
-INVALID = 422
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,20 +107,6 @@ class PublishStats:
 class _Desired:
     pool: Pool  # at generation 0; the plan decides the generation
     screened: Screened
-
-
-@dataclass(frozen=True, slots=True)
-class _Result:
-    name: str
-    verb: str
-    error: BaseException | None = None
-
-    @property
-    def rejected(self) -> bool:
-        error = self.error
-        return isinstance(error, UnsentFieldsError) or (
-            isinstance(error, ApiStatusError) and error.code == INVALID
-        )
 
 
 class SlicePublisher:
@@ -161,15 +144,15 @@ class SlicePublisher:
             on_change=self._wake.set,
         )
         self._tree: LatestValue[DeviceTree | None] = LatestValue(None)
+        self._writer = SliceWriter(api, self._mirror, self._outage)
         self._published: LatestValue[Pool | None] = LatestValue(None)
         self._node_uid: str | None = None
         self._known_uid: str | None = None  # the last uid read (kept while it is re-read)
         self._deletions_seen = 0
         self._last: Published | None = None
         self._built: tuple[object, _Desired] | None = None  # (what it was built from, result)
-        self._rejected: dict[str, Any] = {}  # slice name -> the body the API server refused
         self._omissions = ProblemLog()
-        self._refusals = ProblemLog()
+        self._node_problem = ProblemLog()
         self._stats = PublishStats()
 
     @property
@@ -240,31 +223,37 @@ class SlicePublisher:
         stored = dict(self._mirror.objects)
         desired, plan = await asyncio.to_thread(self._prepare, tree, stored, self._last)
         self._report_left_out(desired)
-        plan = self._without_rejected(plan)
-        results = await self._write(plan)
+        plan = self._writer.without_rejected(plan)
+        results = await self._writer.write(plan)
         failed = [result for result in results if result.error is not None]
-        retry = any(not result.rejected for result in failed)
+        retry = any(result.retry for result in failed)
+        stats = self._stats
+        stats.writes += len(results)
+        stats.failures += len(failed)
+        stats.rejected += sum(1 for result in failed if result.rejected)
+        if failed:
+            stats.last_error = f"{failed[-1].verb} {failed[-1].name}: {failed[-1].error}"
         written = len(results) - len(failed)
         if written or not plan.writes:
             # Something is at the plan's generation now (or already was): a later pass
             # compares with it, so a retry does not bump again.
             self._last = Published(plan.generation, plan.content)
         if written:
-            self._stats.publishes += 1
+            stats.publishes += 1
             log.info(
                 "dra.slices.published",
                 generation=plan.generation,
                 bumped=plan.bumped,
                 slices=len(plan.slices),
                 devices=len(desired.pool.devices) - len(desired.screened.refused),
-                created=_count(results, "create"),
-                updated=_count(results, "update"),
-                deleted=_count(results, "delete"),
+                created=count(results, "create"),
+                updated=count(results, "update"),
+                deleted=count(results, "delete"),
                 failed=len(failed),
             )
         if not retry:
             self._publish(desired, plan)
-        self._stats.in_sync = not failed and not desired.screened.unsendable
+        stats.in_sync = not failed and not desired.screened.unsendable
         return retry
 
     async def _read_node(self) -> bool:
@@ -275,7 +264,7 @@ class SlicePublisher:
             if api_is_down(exc):
                 self._outage.failed(exc, "get node")
             else:
-                self._refusals.report(
+                self._node_problem.report(
                     log,
                     "dra.slices.node.unreadable",
                     str(exc),
@@ -287,7 +276,7 @@ class SlicePublisher:
                 )
             return False
         self._outage.reached()
-        self._refusals.solved("node")
+        self._node_problem.solved("node")
         uid = str(node["metadata"]["uid"])
         if self._known_uid is not None and uid != self._known_uid:
             log.info("dra.slices.node.replaced", node=self._node, uid=uid, was=self._known_uid)
@@ -315,97 +304,6 @@ class SlicePublisher:
             self._built = (basis, desired)
         hold = {name for name, _ in desired.screened.unsendable}
         return desired, plan_slices(desired.screened.slices, stored, last, hold=hold)
-
-    def _without_rejected(self, plan: SlicePlan) -> SlicePlan:
-        """The plan less the bodies the API server refused before (no hot loop on a 422)."""
-        if not self._rejected:
-            return plan
-        creates = tuple(body for body in plan.creates if not self._was_rejected(body))
-        updates = tuple(u for u in plan.updates if not self._was_rejected(u.body))
-        return replace(plan, creates=creates, updates=updates)
-
-    def _was_rejected(self, body: JsonObject) -> bool:
-        refused = self._rejected.get(body["metadata"]["name"])
-        return refused is not None and refused == normalised(body["spec"])
-
-    async def _write(self, plan: SlicePlan) -> list[_Result]:
-        results = list(await asyncio.gather(*(self._delete(obj) for obj in plan.deletes)))
-        writes = [self._create(body) for body in plan.creates]
-        writes += [self._update(update) for update in plan.updates]
-        results += await asyncio.gather(*writes)
-        for result in results:
-            self._stats.writes += 1
-            if result.error is not None:
-                self._failed(result, plan)
-        if any(result.error is None or result.rejected for result in results):
-            self._outage.reached()  # it answered
-        return results
-
-    async def _delete(self, obj: JsonObject) -> _Result:
-        meta = obj["metadata"]
-        try:
-            await self._api.delete_slice(
-                meta["name"], uid=meta.get("uid"), resource_version=meta.get("resourceVersion")
-            )
-        except ApiStatusError as exc:
-            if exc.code != 404:
-                return _Result(meta["name"], "delete", exc)
-        except ApiUnreachableError as exc:
-            return _Result(meta["name"], "delete", exc)
-        self._mirror.forget(obj)
-        return _Result(meta["name"], "delete")
-
-    async def _create(self, body: JsonObject) -> _Result:
-        name = body["metadata"]["name"]
-        try:
-            self._mirror.record(await self._api.create_slice(body))
-        except (ApiStatusError, ApiUnreachableError, UnsentFieldsError) as exc:
-            return _Result(name, "create", exc)
-        self._rejected.pop(name, None)
-        return _Result(name, "create")
-
-    async def _update(self, update: Update) -> _Result:
-        name = update.body["metadata"]["name"]
-        try:
-            self._mirror.record(await self._api.replace_slice(update.body))
-        except (ApiStatusError, ApiUnreachableError, UnsentFieldsError) as exc:
-            return _Result(name, "update", exc)
-        self._rejected.pop(name, None)
-        return _Result(name, "update")
-
-    def _failed(self, result: _Result, plan: SlicePlan) -> None:
-        error = result.error
-        assert error is not None
-        self._stats.failures += 1
-        self._stats.last_error = f"{result.verb} {result.name}: {error}"
-        if result.rejected:
-            body = next(b for b in plan.slices if b["metadata"]["name"] == result.name)
-            self._rejected[result.name] = normalised(body["spec"])
-            self._stats.rejected += 1
-            causes = getattr(error, "causes", ())
-            log.error(
-                "dra.slices.rejected",
-                slice=result.name,
-                reason=str(error),
-                devices=_devices_named(body, [cause.field for cause in causes]),
-                causes=[f"{cause.field}: {cause.message}" for cause in causes],
-                retry="when the pool changes",
-            )
-        elif api_is_down(error):
-            self._outage.failed(error, f"{result.verb} slice")
-        elif isinstance(error, ApiStatusError) and error.code in (404, 409):
-            # The slice changed since the watch showed it: the watch brings the newer one.
-            log.debug("dra.slices.conflict", slice=result.name, verb=result.verb, reason=str(error))
-        else:
-            self._refusals.report(
-                log,
-                "dra.slices.write.refused",
-                str(error),
-                key=("write", result.verb),
-                slice=result.name,
-                verb=result.verb,
-                retry="with back-off",
-            )
 
     def _report_left_out(self, desired: _Desired) -> None:
         """Say once what the pool leaves out and why (and again if it changes)."""
@@ -453,7 +351,7 @@ class SlicePublisher:
         """Record the pool as now published: its devices but those refused or in slices that
         could not be sent."""
         kept: set[str] = set()
-        unsent = {name for name, _ in desired.screened.unsendable} | set(self._rejected)
+        unsent = {name for name, _ in desired.screened.unsendable} | self._writer.rejected
         for body in plan.slices:
             if body["metadata"]["name"] not in unsent:
                 kept.update(device["name"] for device in body["spec"].get("devices", ()))
@@ -477,19 +375,3 @@ class SlicePublisher:
         stats.left_out = whole_devices + len(pool.devices) - len(published.devices)
         if self._published.value != published:
             self._published.set(published)
-
-
-def _count(results: list[_Result], verb: str) -> int:
-    return sum(1 for result in results if result.verb == verb and result.error is None)
-
-
-def _devices_named(body: JsonObject, fields: list[str]) -> list[str]:
-    """The names of the devices that ``fields`` (``spec.devices[3]...``) point at."""
-    devices = body["spec"].get("devices") or []
-    names = []
-    for field in fields:
-        if field.startswith("spec.devices["):
-            index = field[len("spec.devices[") :].split("]", 1)[0]
-            if index.isdigit() and int(index) < len(devices):
-                names.append(str(devices[int(index)].get("name")))
-    return sorted(set(names))
