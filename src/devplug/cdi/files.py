@@ -4,7 +4,7 @@ A file is written to a temp file in the same directory (named without a ``.json`
 extension, which runtimes skip), fsynced, given its mode and renamed over its name, then the
 directory is fsynced: a runtime sees the old file or the new one, never a part. Every read is
 bounded and never follows a symlink: the CDI dir is shared with other writers, and one of
-their files may be huge (a 57 MB foreign spec once cost 1.5 GB of RSS to parse).
+their files may be huge (parsing a 57 MB foreign spec costs 1.5 GB of RSS).
 
 Who owns which file is :mod:`devplug.cdi.ownership`'s job; this module only moves bytes.
 """

@@ -204,8 +204,8 @@ class SpecRenderer:
 
     Devices are listed in natural id order, so the file is stable; devices with nothing to put
     in a container are left out. A hotplug event changes one device of thousands; rebuilding,
-    validating and serialising all of them on every change cost tens of milliseconds of CPU
-    that competed with the RPCs. A device's fragment is kept while its DeviceInfo is the same
+    validating and serialising all of them on every change would cost tens of milliseconds of
+    CPU that compete with the RPCs. A device's fragment is kept while its DeviceInfo is the same
     object (trees share unchanged devices' objects). Given the edit that made the map from the
     one rendered last (:meth:`DeviceTree.edit_since`), only the edited ids are looked at: the
     work is O(changed) but for joining the fragments into the file's bytes. Not thread-safe:
@@ -241,7 +241,7 @@ class SpecRenderer:
     ) -> RenderSteps:
         """:meth:`render` in slices, for the event loop: it yields whenever ``due()`` says its
         slice is used up, and returns the same result. A first render of 10,000 devices is
-        ~0.2 s of CPU; in a worker thread it held the GIL against the hotplug path's own
+        ~0.2 s of CPU; in a worker thread it would hold the GIL against the hotplug path's own
         thread and loop for switch intervals at a time, in slices the hotplug path waits for
         one slice at most. The renderer's state changes only in a final step that does not
         yield: abandoned between slices, it is as before, but for :attr:`rendered` (None:

@@ -1,7 +1,7 @@
 """What tells a file devplug wrote from any other, without reading it or importing aiofiles.
 
-Kept apart from :mod:`devplug.cdi.files` so that Allocate's catalog, loaded at start, does not
-pull in aiofiles and its thread pool plumbing for one lstat.
+Its own module, below :mod:`devplug.cdi.files`, so that Allocate's catalog, loaded at start,
+does not pull in aiofiles and its thread pool plumbing for one lstat.
 """
 
 from __future__ import annotations
