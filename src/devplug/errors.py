@@ -23,9 +23,9 @@ class InvalidNameError(DevplugError, ValueError):
 class AllocationError(DevplugError):
     """An Allocate-family request cannot be answered.
 
-    ``kind`` is ``"not_found"`` (ids that are not advertised) or ``"invalid"`` (ids that are
-    advertised but unusable, or a malformed request). Hooks may raise it; the servicer turns it
-    into the matching gRPC status.
+    ``kind`` is ``"not_found"`` (ids that are not advertised), ``"invalid"`` (ids that are
+    advertised but unusable, or a malformed request) or ``"exhausted"`` (too many such requests
+    at once). Hooks may raise it; the servicer turns it into the matching gRPC status.
     """
 
     def __init__(self, kind: str, message: str, device_ids: tuple[str, ...] = ()) -> None:

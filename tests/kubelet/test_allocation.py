@@ -5,7 +5,12 @@ from __future__ import annotations
 import pytest
 
 from devplug.errors import AllocationError
-from devplug.kubelet.allocation import check_request, default_allocation, default_preferred
+from devplug.kubelet.allocation import (
+    check_request,
+    check_size,
+    default_allocation,
+    default_preferred,
+)
 from devplug.model import DeviceInfo, DeviceNode, Health, Mount
 
 
@@ -24,6 +29,23 @@ def test_check_request_names_unknown_and_unhealthy_ids() -> None:
     assert sick.value.kind == "invalid"
     with pytest.raises(AllocationError, match="twice"):
         check_request("r/x", [["a", "a"]], devices)
+
+
+def test_containers_together_may_name_no_more_ids_than_are_advertised() -> None:
+    """Each container under the bound, the request over it: 1,000 containers of 400 known ids
+    each held the event loop 2 s per request. The kubelet sends one container per call."""
+    devices = {f"d{i}": numa(0) for i in range(4)}
+    check_size("r/x", [["d0", "d1"], ["d2", "d3"]], devices)  # every device once: answered
+    with pytest.raises(AllocationError) as refused:
+        check_size("r/x", [["d0", "d1", "d2"]] * 2, devices)
+    assert refused.value.kind == "invalid" and refused.value.device_ids == ("d0", "d1", "d2")
+    assert str(refused.value) == (
+        "r/x: device ids requested twice in one request: 'd0', 'd1', 'd2' (the request names "
+        "6 ids in 2 containers, 4 devices are advertised; a device goes to one container)"
+    )
+    with pytest.raises(AllocationError) as unknown:
+        check_size("r/x", [["d0", "d1", "d2"], ["d3", "ghost"]], devices)
+    assert unknown.value.kind == "not_found" and unknown.value.device_ids == ("ghost",)
 
 
 def test_error_messages_stay_short_for_huge_requests() -> None:

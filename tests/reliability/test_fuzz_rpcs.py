@@ -621,6 +621,11 @@ def refusals(resource: str, requests: Sequence[Sequence[str]], rpc: Rpc) -> dict
                 found.setdefault("NOT_FOUND", set()).add(device_id)
             elif not info.healthy:
                 found.setdefault("INVALID_ARGUMENT", set()).add(device_id)
+    if sum(len(ids) for ids in requests) > len(devices):
+        # More ids than devices in all: a device named in two containers (one of them is
+        # named, if none of the refusals above is).
+        named = Counter(i for ids in requests for i in set(ids))
+        found.setdefault("INVALID_ARGUMENT", set()).update(i for i, n in named.items() if n > 1)
     if not found and rpc == "prestart" and resource == HOOKED and REFUSING_ID in requests[0]:
         found["INVALID_ARGUMENT"] = {REFUSING_ID}
     return found

@@ -11,8 +11,15 @@ runs in the worker thread too; a hook that returns an awaitable (a coroutine fun
 awaited on the loop, and what it picked is checked in the thread again. Cancelled (the client
 went, the daemon stops), a request stops after the container under way.
 
-Nothing here fails a pod over a bogus request or a broken hook: offered ids the resource does
-not advertise are dropped when there are more of them than it advertises, and a hook that
+Large requests are taken :data:`MAX_LARGE_PREFERRED` at a time per resource (the one being
+answered and one waiting); one more is refused at once with ``AllocationError("exhausted")``
+(RESOURCE_EXHAUSTED). Each waiting request holds its parsed message (about 20 MB for 190
+containers of 2,000 ids), so an unbounded queue would let concurrent callers exhaust the
+daemon's memory; the kubelet asks one GetPreferredAllocation at a time, so it never meets the
+refusal unless another client floods the socket.
+
+Nothing else here fails a pod over a bogus request or a broken hook: offered ids the resource
+does not advertise are dropped when there are more of them than it advertises, and a hook that
 raises or answers nonsense is logged and replaced by the default policy.
 """
 
@@ -25,6 +32,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar, cast
 
 from devplug._proto import deviceplugin_v1beta1_pb2 as pb
+from devplug.errors import AllocationError
 from devplug.kubelet.allocation import default_preferred
 from devplug.model import DeviceMap
 from devplug.scanners.base import PreferredAllocator
@@ -35,6 +43,9 @@ T = TypeVar("T")
 # worked out in a worker thread: the default policy sorts and looks up each id, a few
 # microseconds per id, and so may a hook.
 PREFERRED_OFF_LOOP_IDS = 2000
+# Large requests (those answered off the loop) held at once per resource: the one being
+# answered and one waiting for it. A waiting request keeps its parsed message in memory.
+MAX_LARGE_PREFERRED = 2
 
 
 def offered_ids(containers: Sequence[pb.ContainerPreferredAllocationRequest]) -> int:
@@ -81,17 +92,32 @@ class PreferredAnswers:
         self.resource = resource
         self.hook: PreferredAllocator | None = None
         self._log = logger
-        # One off-loop request at a time: a flood of big ones queues here (and is cancelled
-        # at shutdown) instead of taking every worker thread.
+        # One off-loop request at a time, so big ones do not take every worker thread; the
+        # one waiting here (see MAX_LARGE_PREFERRED) is cancelled at shutdown.
         self._off_loop = asyncio.Semaphore(1)
+        self.large = 0  # large requests held: answered or waiting
 
     async def answer(
         self, containers: Sequence[pb.ContainerPreferredAllocationRequest], devices: DeviceMap
     ) -> list[list[str]]:
-        if offered_ids(containers) <= PREFERRED_OFF_LOOP_IDS:
+        """The preferred ids of each container. Raises AllocationError("exhausted") for a
+        large request while :data:`MAX_LARGE_PREFERRED` are held already."""
+        offered = offered_ids(containers)
+        if offered <= PREFERRED_OFF_LOOP_IDS:
             return [await self._container(c, devices, _inline) for c in containers]
-        async with self._off_loop:
-            return [await self._container(c, devices, asyncio.to_thread) for c in containers]
+        if self.large >= MAX_LARGE_PREFERRED:
+            raise AllocationError(
+                "exhausted",
+                f"{self.resource}: a request offering {offered} ids is refused while "
+                f"{self.large} large GetPreferredAllocation requests are answered or waiting "
+                "(the kubelet sends one at a time); try again later",
+            )
+        self.large += 1
+        try:
+            async with self._off_loop:
+                return [await self._container(c, devices, asyncio.to_thread) for c in containers]
+        finally:
+            self.large -= 1
 
     async def _container(
         self, container: pb.ContainerPreferredAllocationRequest, devices: DeviceMap, run: Runner
