@@ -20,13 +20,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import structlog
 from cdi_library import check_spec_dir
 
 from devplug.config import DraSettings, HotplugSettings, Settings
 from devplug.daemon import Daemon
 from devplug.naming import socket_file_name
+from devplug.scanners.base import Scanner
+from devplug.scanners.generic import GenericScanner
 from devplug.scanners.intel_gpu import IntelGpuScanner
-from devplug.testing import KubeletSimulator, daemon_settings
+from devplug.testing import KubeletSimulator, daemon_settings, eventually
 from devplug.testing.apiserver import ApiServer, allocated_claim
 from devplug.testing.harness import daemon_process, in_process_daemon
 from devplug.testing.kubelet_dra import ClaimName, KubeletDra
@@ -236,6 +239,35 @@ async def test_an_idle_node_writes_nothing(node: Node) -> None:
         # The slices' watch ends every 0.2 s and is opened again: let three go by.
         await node.api.wait_for(lambda a: a.requests["watch"] >= watches + 3, what="rewatches")
         assert node.api.writes == writes
+
+
+async def test_a_reload_whose_scanners_no_longer_make_a_dra_resource_is_refused(
+    node: Node,
+) -> None:
+    settings = node.settings()
+    loaded: list[str] = []
+
+    def loader() -> tuple[Settings, list[Scanner]]:
+        # An edited config: the GPUs now served by a generic entry, not the Intel scanner.
+        loaded.append("read")
+        entry = {"resource": "example.com/card", "match": {"subsystem": "drm"}}
+        return settings, [GenericScanner.from_config([entry])]
+
+    scanners = [IntelGpuScanner.from_config({})]
+    async with in_process_daemon(settings, scanners, config_loader=loader) as daemon:
+        await node.wait_for_pool({IGPU_NAME}, "the pool")
+        with structlog.testing.capture_logs() as logs:
+            daemon.request_reload()
+            await eventually(lambda: loaded == ["read"], timeout=10)
+            await daemon.rescan()
+        (refused,) = [e for e in logs if e["event"] == "config.reload.refused"]
+        assert refused["field"] == "dra.resources"
+        assert (
+            "'gpu.intel.com/i915' is made by none of the configured scanners (generic)"
+            in (refused["reason"])
+        )
+        assert daemon.stats.value.reloads == 0
+        assert set(daemon.stats.value.advertised) == {I915, XE}  # the Intel scanner still runs
 
 
 # ------------------------------------------------------------------ restarts
