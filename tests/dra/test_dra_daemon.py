@@ -32,7 +32,7 @@ from devplug.scanners.intel_gpu import IntelGpuScanner
 from devplug.testing import KubeletSimulator, daemon_settings, eventually
 from devplug.testing.apiserver import ApiServer, allocated_claim
 from devplug.testing.harness import daemon_process, in_process_daemon
-from devplug.testing.kubelet_dra import ClaimName, KubeletDra
+from devplug.testing.kubelet_dra import ClaimAnswer, ClaimName, KubeletDra
 from devplug.testing.umockdev import UmockdevHost, add_intel_gpu
 
 DRIVER = "gpu.intel.com"
@@ -129,6 +129,18 @@ async def spec_written(daemon: Daemon, resource: str) -> None:
     await daemon.stats.wait_for(lambda stats: resource in stats.cdi_specs, timeout=10)
 
 
+async def prepare_train(node: Node, daemon: Daemon) -> tuple[ClaimName, ClaimAnswer]:
+    """Once the driver is registered, its pool published and the i915 spec on disk: claim
+    ``team-a/train`` for the i915 GPU, prepared."""
+    await node.dra.wait_for_plugin(DRIVER)
+    await node.wait_for_pool({IGPU_NAME}, "the pool")
+    await spec_written(daemon, I915)
+    claim = node.claim("train", IGPU_NAME)
+    answer = (await node.dra.prepare(DRIVER, [claim]))[claim.uid]
+    assert answer.error == ""
+    return claim, answer
+
+
 # ------------------------------------------------------------------ the two fronts
 
 
@@ -177,12 +189,7 @@ async def test_prepare_answers_with_allocates_cdi_ids_and_they_resolve(node: Nod
     assert allocated.cdi_devices == (f"{I915}={IGPU}",)
 
     async with serving(node) as daemon:
-        await node.dra.wait_for_plugin(DRIVER)
-        await node.wait_for_pool({IGPU_NAME}, "the pool")
-        await spec_written(daemon, I915)
-        claim = node.claim("train", IGPU_NAME)
-        answer = (await node.dra.prepare(DRIVER, [claim]))[claim.uid]
-        assert answer.error == ""
+        claim, answer = await prepare_train(node, daemon)
         (device,) = answer.devices
         assert (device.pool_name, device.device_name) == (NODE, IGPU_NAME)
         assert device.cdi_device_ids == allocated.cdi_devices
@@ -277,12 +284,7 @@ async def test_kubelet_and_daemon_restarts_keep_registration_and_prepared_claims
     node: Node,
 ) -> None:
     async with serving(node) as daemon:
-        await node.dra.wait_for_plugin(DRIVER)
-        await node.wait_for_pool({IGPU_NAME}, "the pool")
-        await spec_written(daemon, I915)
-        claim = node.claim("train", IGPU_NAME)
-        answer = (await node.dra.prepare(DRIVER, [claim]))[claim.uid]
-        assert answer.error == ""
+        claim, answer = await prepare_train(node, daemon)
 
         # A kubelet restart: it finds the registration socket again and asks again.
         await node.dra.restart()
@@ -337,11 +339,7 @@ async def devplug_status(node: Node, *args: str) -> tuple[int, str]:
 
 async def test_status_shows_the_dra_driver_and_its_prepared_claims(node: Node) -> None:
     async with serving(node) as daemon:
-        await node.dra.wait_for_plugin(DRIVER)
-        await node.wait_for_pool({IGPU_NAME}, "the pool")
-        await spec_written(daemon, I915)
-        claim = node.claim("train", IGPU_NAME)
-        assert (await node.dra.prepare(DRIVER, [claim]))[claim.uid].error == ""
+        claim, _ = await prepare_train(node, daemon)
 
         code, out = await devplug_status(node, "--output", "json")
         assert code == 0, out

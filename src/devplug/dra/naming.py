@@ -30,7 +30,8 @@ import hashlib
 import re
 
 from devplug.errors import InvalidNameError
-from devplug.naming import DNS1123_SUBDOMAIN, driver_name_problem
+from devplug.naming import DNS1123_SUBDOMAIN
+from devplug.naming import driver_name_problem as driver_name_problem  # one rule, config's too
 
 MAX_LABEL = 63
 MAX_SUBDOMAIN = 253
