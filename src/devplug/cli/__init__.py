@@ -1,10 +1,11 @@
-"""Command line: ``devplug run | scan | cdi generate | dra deviceclasses | status | version``,
-and the same command line for a plugin author's own entry point (:func:`serve`).
+"""Command line: ``devplug run | scan | capture | cdi generate | dra deviceclasses | status |
+version``, and the same command line for a plugin author's own entry point (:func:`serve`).
 
 May use every room below it: the composition (:mod:`devplug.plugin`), the fronts its commands
 run (``scan``, ``cdi generate``, ``dra deviceclasses``, ``status``), the scanners, config, the
-model and the kits. grpc and protobuf only in the status client (:mod:`.status`), which asks
-the kubelet-facing sockets what is registered.
+model and the kits, and the test tools' umockdev testbeds (:mod:`devplug.testing.umockdev`),
+which ``capture`` writes records for and ``scan --replay`` builds. grpc and protobuf only in
+the status client (:mod:`.status`), which asks the kubelet-facing sockets what is registered.
 
 Exit status: 0 success, 2 bad usage or configuration (nothing was served), 130 interrupted
 (Ctrl-C), 1 anything else. Flags may come before the command (:mod:`devplug.cli.early`).
@@ -71,7 +72,7 @@ def main(
                 return _main(argv, scanners, program, version, description)
             finally:
                 resume_gc()  # if the daemon never ran (a refused config, say)
-        return _main(argv, scanners, program, version, description)
+        return _main(argv, scanners, program, version, description, own=own)
     except KeyboardInterrupt:
         # The shell shows the ^C; a traceback of where the command happened to be is noise.
         return EXIT_INTERRUPTED
@@ -83,6 +84,8 @@ def _main(
     program: str,
     version: str | None,
     description: str | None,
+    *,
+    own: bool = False,
 ) -> int:
     if argv in (["version"], ["--version"]):
         print(early.version_line(program, version))
@@ -96,6 +99,14 @@ def _main(
     if args.command == "version":
         print(early.version_line(program, version))
         return 0
+    if getattr(args, "replay", None) is not None:
+        from devplug.cli.replay import need_preload
+
+        # Before anything loads: the command may start again under umockdev's preload.
+        problem = need_preload(program, may_restart=own)
+        if problem is not None:
+            print(f"{program}: {problem}", file=sys.stderr)
+            return EXIT_USAGE
     if args.command == "status":
         from devplug.cli.status import status_command
 
@@ -133,6 +144,14 @@ def _main(
             return EXIT_FAILED
     if args.command == "cdi":
         return commands.cdi_generate(program, settings, built, args)
+    if args.command == "capture":
+        from devplug.cli.capture import capture
+
+        return capture(program, built, args.output, args.keep)
+    if args.command == "scan" and args.replay is not None:
+        from devplug.cli.replay import scan_replayed
+
+        return scan_replayed(program, built, args.output, args.replay)
     if args.command == "scan" or args.dry_run:
         return commands.scan(program, built, args.output)
     return commands.run(program, settings, built, args, factories)

@@ -118,10 +118,11 @@ def warn_unknown_environment() -> None:
         log.warning("config.env.unknown", variables=unknown, known=sorted(known))
 
 
-def scan(program: str, scanners: Sequence[Scanner], output: str) -> int:
+def scan(program: str, scanners: Sequence[Scanner], output: str, *, replayed: bool = False) -> int:
     """Print the tree on stdout (what the scanners that worked found); on stderr, each failed
     scanner and why, and "no devices found" only when every scanner ran and found nothing.
-    Status 1 when a scanner failed or two produced one resource."""
+    Status 1 when a scanner failed or two produced one resource. ``replayed``: the host is a
+    record (``--replay``), whose properties are there whatever this machine's udev has."""
     from devplug.cli.report import render
     from devplug.hotplug.scanning import ScanRunner
 
@@ -131,7 +132,7 @@ def scan(program: str, scanners: Sequence[Scanner], output: str) -> int:
         fail(program, f"configuration error: {exc}")
         return EXIT_USAGE
     sys.stdout.write(render(result.tree, output, result.extras))
-    warn_unmatched(scanners, result.tree)
+    warn_unmatched(scanners, result.tree, udev_database=True if replayed else None)
     status = EXIT_OK
     for resource, losers in sorted(result.conflicts.items()):
         fail(
@@ -155,8 +156,13 @@ def scanners_failed(program: str, reasons: Mapping[str, str]) -> bool:
     return bool(reasons)
 
 
-def warn_unmatched(scanners: Sequence[Scanner], tree: Mapping[str, object]) -> None:
-    """Generic entries that found nothing, and property matches udev's database cannot back."""
+def warn_unmatched(
+    scanners: Sequence[Scanner], tree: Mapping[str, object], *, udev_database: bool | None = None
+) -> None:
+    """Generic entries that found nothing, and property matches udev's database cannot back
+    (``udev_database``: whether its properties are known; None: whether UDEV_DATABASE is)."""
+    if udev_database is None:
+        udev_database = UDEV_DATABASE.is_dir()
     for scanner in scanners:
         if not isinstance(scanner, GenericScanner):
             continue
@@ -167,7 +173,7 @@ def warn_unmatched(scanners: Sequence[Scanner], tree: Mapping[str, object]) -> N
                     resource=entry.resource,
                     match=entry.match.model_dump(exclude_defaults=True),
                 )
-            if entry.match.properties and not UDEV_DATABASE.is_dir():
+            if entry.match.properties and not udev_database:
                 log.warning(
                     "scan.udev_database.missing",
                     resource=entry.resource,

@@ -18,7 +18,7 @@ EXIT_INTERRUPTED = 130  # Ctrl-C (128 + SIGINT), as a shell reports a command it
 # The top-level parser's own options: left where they are (``devplug --help scan``).
 TOP_LEVEL = frozenset({"-h", "--help", "--version"})
 # The commands' options that take no value.
-FLAGS = frozenset({"--dry-run", "--stdout", "--prune"})
+FLAGS = frozenset({"--dry-run", "--stdout", "--prune", "--pods"})
 # The commands' options that take one value (``--config PATH``, ``-o json``, ``-ojson``).
 VALUED = frozenset(
     {
@@ -33,6 +33,9 @@ VALUED = frozenset(
         "--output",
         "--output-dir",
         "--timeout",
+        "--replay",
+        "--keep",
+        "--pod-resources-socket",
     }
 )
 # Commands whose own commands follow them (``cdi generate``, ``dra deviceclasses``).

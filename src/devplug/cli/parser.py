@@ -34,11 +34,13 @@ _EXITS = {
     "run": "0 stopped by SIGTERM or SIGINT; 1 the daemon failed; 2 bad usage or configuration "
     "(nothing was served); 130 interrupted (Ctrl-C) before it served",
     "scan": "0 scanned; 1 a scanner failed or two scanners produced one resource; 2 bad usage "
-    "or configuration; 130 interrupted",
+    "or configuration, or a --replay record that cannot be loaded; 130 interrupted",
     "generate": "0 written or printed; 1 a scanner failed or a spec could not be written (or is "
     "another's); 2 bad usage or configuration; 130 interrupted",
     "status": "0 every plugin answered; 1 a plugin did not answer, or the dir cannot be read, "
     "or (--pods) the pod resources API did not answer; 2 bad usage; 130 interrupted",
+    "capture": "0 written; 1 sysfs could not be read or FILE could not be written; 2 bad usage "
+    "or configuration; 130 interrupted",
     "deviceclasses": "0 printed; 2 bad usage or configuration (no dra section, or a resource "
     "no selector could find)",
     "version": "0",
@@ -160,6 +162,35 @@ def build_parser(
     scan = command("scan", "print the device tree that 'run' would serve, and exit")
     _settings_flags(scan, scanner_names, serving=False)
     _output(scan, FORMATS, "table")
+    scan.add_argument(
+        "--replay",
+        type=Path,
+        metavar="FILE",
+        help="scan the host FILE records ('capture', or umockdev-record) instead of this one; "
+        "needs umockdev's preload library (the command restarts itself under it)",
+    )
+
+    capture = command(
+        "capture",
+        "record what the configured scanners read of this host (identifying values scrubbed), "
+        "in umockdev's record format, to attach to a bug report",
+    )
+    _settings_flags(capture, scanner_names, serving=False)
+    capture.add_argument(
+        "-o",
+        "--output",
+        type=Path,
+        metavar="FILE",
+        help="write the record to FILE, atomically (default: stdout)",
+    )
+    capture.add_argument(
+        "--keep",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="record this udev property or sysfs attribute unscrubbed (e.g. ID_SERIAL_SHORT "
+        "when device ids come from it); repeatable",
+    )
 
     cdi = sub.add_parser("cdi", help="CDI spec files", description="CDI spec files.")
     cdi_sub = cdi.add_subparsers(dest="cdi_command", required=True, metavar="ACTION")

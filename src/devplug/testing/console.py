@@ -1,5 +1,6 @@
 """``python -m devplug.testing kubelet DIR``: a kubelet stand-in to try ``devplug run`` against
-(and ``mock-host``, see :mod:`devplug.testing.mockhost`).
+(and ``mock-host``: a preset, :mod:`devplug.testing.mockhost`, or ``--from`` a record,
+:mod:`devplug.testing.umockdev.replay`).
 
 It serves a :class:`~devplug.testing.KubeletSimulator` in DIR, and the kubelet's pod
 resources API beside it (``DIR/../pod-resources/kubelet.sock``, unless
@@ -431,12 +432,21 @@ def build_parser() -> argparse.ArgumentParser:
         "mock-host",
         help="build a umockdev mock host in DIR (run programs with UMOCKDEV_DIR=DIR "
         "umockdev-wrapper ...)",
-        description="Build one of the README's mock hosts in DIR: programs run under "
-        "umockdev-wrapper with UMOCKDEV_DIR=DIR see its hardware.",
-        epilog="exit status: 0 built; 1 DIR is not empty; 2 bad usage",
+        description="Build one of the README's mock hosts, or a recorded host, in DIR: "
+        "programs run under umockdev-wrapper with UMOCKDEV_DIR=DIR see its hardware.",
+        epilog="exit status: 0 built; 1 DIR is not empty, or FILE cannot be read or loaded; "
+        "2 bad usage",
     )
     mock.add_argument("dir", type=Path, help="a new or empty directory")
-    mock.add_argument("--preset", choices=sorted(PRESETS), required=True)
+    source = mock.add_mutually_exclusive_group(required=True)
+    source.add_argument("--preset", choices=sorted(PRESETS))
+    source.add_argument(
+        "--from",
+        dest="record",
+        type=Path,
+        metavar="FILE",
+        help="the host a record describes ('devplug capture', or umockdev-record)",
+    )
     return parser
 
 
@@ -444,11 +454,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "mock-host":
         from devplug.testing.mockhost import build_mock_host
+        from devplug.testing.umockdev import host_from_record
 
         directory = args.dir.absolute()
         try:
-            build_mock_host(directory, args.preset)
+            if args.record is not None:
+                host_from_record(directory, args.record)
+            else:
+                build_mock_host(directory, args.preset)
         except FileExistsError as exc:
+            print(f"python -m devplug.testing: {exc}", file=sys.stderr)
+            return 1
+        except OSError as exc:
+            where = exc.filename or args.record
+            print(f"python -m devplug.testing: {where}: {exc.strerror or exc}", file=sys.stderr)
+            return 1
+        except ValueError as exc:  # RecordError: the line and what is wrong with it
             print(f"python -m devplug.testing: {exc}", file=sys.stderr)
             return 1
         print(f"UMOCKDEV_DIR={directory}")

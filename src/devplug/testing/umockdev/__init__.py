@@ -1,9 +1,13 @@
 """Hand-built umockdev testbeds: real pyudev code against mock hardware, in-process.
 It imports nothing of devplug (only the standard library), so any scanner's tests can use it.
 
+A host recorded in umockdev's record format (``umockdev-record``, ``devplug capture``) is
+read by :mod:`.record` and built by :mod:`.replay`.
+
 The testbed is a directory laid out like the one ``umockdev-run`` creates (``sys/``,
-``dev/``, ``dev/.node/``), written directly with file operations: no GObject, no
-description parser (which is quadratic, see UDEV-TESTING.md trap 6), no ioctl server.
+``dev/``, ``dev/.node/``), written directly with file operations: no GObject, not
+umockdev's own description loader (which is quadratic, see UDEV-TESTING.md trap 6), no ioctl
+server.
 
 The process that reads the testbed must have ``libumockdev-preload.so.0`` loaded (start it
 with ``umockdev-wrapper``); :meth:`UmockdevHost.activated` then points the preload at the
@@ -35,12 +39,22 @@ from devplug.testing.umockdev.presets import (
     add_vfio_function,
     add_vfio_group,
 )
+from devplug.testing.umockdev.record import (
+    RecordedDevice,
+    RecordError,
+    format_record,
+    parse_record,
+    read_record,
+)
+from devplug.testing.umockdev.replay import add_recorded, host_from_record
 from devplug.testing.umockdev.uevents import UeventQueueFullError
 from devplug.testing.umockdev.wire import encode_udev_message
 
 __all__ = [
     "PRELOAD_LIBRARY",
     "MockNode",
+    "RecordError",
+    "RecordedDevice",
     "UeventQueueFullError",
     "UmockdevHost",
     "add_drm_minors",
@@ -48,10 +62,15 @@ __all__ = [
     "add_intel_sriov_gpu",
     "add_iommufd",
     "add_pci_device",
+    "add_recorded",
     "add_usb_serial",
     "add_vfio_container",
     "add_vfio_function",
     "add_vfio_group",
     "encode_udev_message",
+    "format_record",
+    "host_from_record",
+    "parse_record",
     "preload_active",
+    "read_record",
 ]

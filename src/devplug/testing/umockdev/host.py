@@ -127,10 +127,14 @@ class UmockdevHost:
         devlinks: Sequence[str] = (),
         driver: str | None = None,
         bus: bool | None = None,
+        parent_required: bool = True,
     ) -> str:
         """Add a device and return its canonical ``/sys/devices/...`` path.
 
         ``bus`` overrides whether ``subsystem`` is a bus (``/sys/bus``) or a class.
+        ``parent_required=False`` lets the directories above be plain directories, as real
+        sysfs has some that are no device of a subsystem (``/sys/devices/system/cpu``,
+        ``/sys/devices/pnp0``): what a recorded host needs.
         Raises ValueError (instead of umockdev's abort) on duplicates and name clashes.
         """
         canonical = _canonical_sys_path(sys_path)
@@ -140,7 +144,8 @@ class UmockdevHost:
         if canonical in self._devices:
             raise ValueError(f"device already exists: {canonical}")
         _check_name("subsystem", subsystem)
-        self._check_parent(canonical)
+        if parent_required:
+            self._check_parent(canonical)
         dev = _write_device(
             self._paths,
             canonical,
