@@ -10,7 +10,7 @@ import structlog
 
 from devplug._kits.backoff import Backoff
 from devplug._kits.problems import ProblemLog
-from devplug._kits.repeats import RepeatLog
+from devplug._kits.repeats import DISTINCT_PER_EPISODE, RepeatLog
 from devplug._kits.tasks import running
 from devplug._kits.values import LatestValue
 from devplug.testing import eventually
@@ -81,32 +81,97 @@ async def test_a_repeated_event_is_logged_once_then_counted_per_interval() -> No
     repeats = RepeatLog(log, interval_s=0.05)
     with structlog.testing.capture_logs() as logs:
         assert repeats.admit("x.refused", reason="first")  # the caller logs it in full
-        assert not any(repeats.admit("x.refused", reason=f"r{n}") for n in range(5))
+        assert not any(repeats.admit("x.refused", reason="first") for _ in range(5))
         assert repeats.admit("y.failed", level="error")  # each event its own episode
         assert logs == []
         await eventually(lambda: logs, what="the interval's summary line")
-        # One line for the interval: how many more, and the last one's fields.
+        # One line for the interval: how many more came.
         assert logs == [
             {
                 "event": "x.refused",
                 "log_level": "warning",
-                "reason": "r4",
+                "reason": "first",
                 "repeated": 5,
                 "interval_s": 0.05,
             }
         ]
         # Still an episode: the next one is counted, not news.
-        assert not repeats.admit("x.refused", level="error", reason="r5")
+        assert not repeats.admit("x.refused", level="error", reason="first")
         repeats.flush()  # at stop: what is owed is written, nothing lost
         assert logs[-1] == {
             "event": "x.refused",
             "log_level": "error",
-            "reason": "r5",
+            "reason": "first",
             "repeated": 1,
             "interval_s": 0.05,
         }
         assert len(logs) == 2
-        assert repeats.admit("x.refused")  # a new episode after the flush
+        assert repeats.admit("x.refused", reason="first")  # a new episode after the flush
+
+
+async def test_a_genuine_refusal_in_a_flood_is_logged_at_once_and_counted_apart() -> None:
+    """Issue 25 review (/tmp/review25/rl.py): a kubelet's genuine "unhealthy" refusal in the
+    middle of 1,000 bogus ones was summed up as the flood's reason, repeated=1001. Now a
+    different reason is news (logged in full when it comes) and keeps its own count, in its
+    own category and within one."""
+    repeats = RepeatLog(log, interval_s=3600.0)  # the summaries come at flush
+    bogus = "unknown device ids: 'x'"
+    genuine = "device gpu3 is unhealthy: card0 missing"
+    admitted: list[str] = []
+    for category in ("not_found", "invalid"):
+        for i in range(1000):
+            if repeats.admit("allocate.refused", category="not_found", reason=bogus):
+                admitted.append(bogus)
+            if i == 500 and repeats.admit("allocate.refused", category=category, reason=genuine):
+                admitted.append(genuine)
+        with structlog.testing.capture_logs() as logs:
+            repeats.flush()
+        assert admitted == [bogus, genuine], category
+        summaries = {(e["reason"], e["repeated"]) for e in logs}
+        assert summaries == {(bogus, 999)}  # the genuine one came once: it was logged in full
+        admitted.clear()
+
+
+async def test_a_flood_of_ever_different_reasons_makes_a_bounded_number_of_lines() -> None:
+    """A client that varies the ids it names makes every reason new: still at most
+    DISTINCT_PER_EPISODE lines in full and one summary per distinct reason plus one for the
+    rest per interval, and every occurrence is in a line's count."""
+    repeats = RepeatLog(log, interval_s=3600.0)
+    total = 10_000
+    with structlog.testing.capture_logs() as logs:
+        full = sum(
+            repeats.admit("allocate.refused", category="not_found", reason=f"ids: 'x{i % 5000}'")
+            for i in range(total)
+        )
+        repeats.flush()
+    assert full == DISTINCT_PER_EPISODE == 3
+    assert len(logs) <= DISTINCT_PER_EPISODE + 1
+    rest = [e for e in logs if e.get("other_reasons")]
+    assert len(rest) == 1 and rest[0]["reason"] == "ids: 'x4999'"  # the last of them
+    assert full + sum(e["repeated"] for e in logs) == total
+
+
+async def test_a_distinct_reason_quiet_for_an_interval_frees_its_place() -> None:
+    repeats = RepeatLog(log, interval_s=0.5)
+    with structlog.testing.capture_logs() as logs:
+        assert all(repeats.admit("x.refused", reason=r) for r in ("a", "b", "c"))
+        assert not repeats.admit("x.refused", reason="d")  # no place: counted with the rest
+        await eventually(lambda: logs, what="the interval's summary line")
+        assert logs == [
+            {
+                "event": "x.refused",
+                "log_level": "warning",
+                "reason": "d",
+                "repeated": 1,
+                "other_reasons": True,
+                "interval_s": 0.5,
+            }
+        ]
+        # Only "a" goes on: "b" and "c", quiet for an interval, give their places up.
+        assert not repeats.admit("x.refused", reason="a")
+        await eventually(lambda: len(logs) == 2, what="the second summary")
+        assert repeats.admit("x.refused", reason="d")  # news now
+        repeats.flush()
 
 
 async def test_a_quiet_interval_ends_the_episode() -> None:

@@ -13,8 +13,9 @@ holds only the message in flight and gets the latest list when it reads again.
 GetPreferredAllocation never fails a pod over a bogus request; large ones are taken two at a
 time per resource, a third refused with RESOURCE_EXHAUSTED (see
 :mod:`devplug.kubelet.preferring`, which also decides when its work leaves the event loop).
-Refusals and failures are counted one by one in the metrics and logged at a bounded rate: the
-first in full, then one line per ``REFUSAL_LOG_INTERVAL_S`` with how many more came.
+Refusals and failures are counted one by one in the metrics and logged at a bounded rate, per
+kind of refusal: the first few distinct reasons in full, then one line per reason per
+``REFUSAL_LOG_INTERVAL_S`` with how many more came (see :mod:`devplug._kits.repeats`).
 """
 
 from __future__ import annotations
@@ -310,7 +311,7 @@ class DevicePluginServicer:
         self.answer_log.flush()  # earlier answers' lines before this refusal's
         self._count(rpc, exc.kind)
         event, reason = f"{rpc}.refused", str(exc)
-        if self.refusal_log.admit(event, reason=reason):
+        if self.refusal_log.admit(event, category=exc.kind, reason=reason):
             self._log.warning(event, reason=reason)
         context.set_code(_STATUS.get(exc.kind, grpc.StatusCode.INVALID_ARGUMENT))
         context.set_details(reason)
