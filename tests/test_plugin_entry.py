@@ -11,6 +11,7 @@ or of the shutdown.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -55,6 +56,13 @@ def dummy(raw, field):
         raise ConfigError(f"{field}.count", f"must be a positive integer, got {count!r}")
     if section.get("hold") == ("first" if len(CALLS) == 1 else "reload"):
         say("test.load.held", call=len(CALLS))
+        sys.stdin.readline()
+    if section.get("hold") == "swallow":  # a factory that catches everything, and holds on
+        say("test.load.held", call=len(CALLS))
+        try:
+            sys.stdin.readline()
+        except BaseException as exc:
+            say("test.load.swallowed", what=type(exc).__name__)
         sys.stdin.readline()
     info = DeviceInfo(nodes=(DeviceNode("/dev/null"),))
     return Scanner({"example.com/dummy": {f"dev{i}": info for i in range(count)}})
@@ -243,26 +251,87 @@ async def test_a_sighup_while_the_config_loads_does_not_kill_and_is_applied(
     assert "config.reloaded" in events_of(seen, stderr)
 
 
-async def test_a_sigterm_while_the_config_loads_exits_0_without_serving(
-    kubelet: KubeletSimulator, kubelet_dir: Path, short_dir: Path
+@pytest.mark.parametrize(
+    ("signum", "status"),
+    [(signal.SIGTERM, 0), (signal.SIGQUIT, 0), (signal.SIGINT, 130)],
+    ids=["SIGTERM", "SIGQUIT", "SIGINT"],
+)
+async def test_a_stop_signal_while_the_config_loads_ends_the_process_without_serving(
+    signum: int, status: int, kubelet: KubeletSimulator, kubelet_dir: Path, short_dir: Path
 ) -> None:
+    """Nothing is served yet: the stop ends the load where it is (here a factory that would
+    wait for stdin for good), as Ctrl-C ends any command."""
     process = await start(short_dir, write_config(short_dir, kubelet_dir, 1, hold="first"))
-    assert process.stdin is not None
     seen: list[dict[str, object]] = []
     try:
         await read_until(process, "test.load.held", seen)
-        process.send_signal(signal.SIGTERM)
-        process.stdin.write(b"go\n")
-        await process.stdin.drain()
+        process.send_signal(signum)
     finally:
         _, stderr = await finish(process)
-    assert process.returncode == 0, stderr.decode()
+    assert process.returncode == status, stderr.decode()
+    assert b"Traceback" not in stderr, stderr.decode()
     assert "daemon.started" not in events_of(seen, stderr)
     assert kubelet.registrations == []
     assert sorted(p.name for p in kubelet_dir.iterdir()) == [
         "kubelet.sock",
         "kubelet_internal_checkpoint",
     ]
+
+
+async def test_a_second_sigterm_ends_a_load_that_swallowed_the_first(
+    kubelet_dir: Path, short_dir: Path
+) -> None:
+    process = await start(short_dir, write_config(short_dir, kubelet_dir, 1, hold="swallow"))
+    seen: list[dict[str, object]] = []
+    try:
+        await read_until(process, "test.load.held", seen)
+        process.send_signal(signal.SIGTERM)
+        swallowed = await read_until(process, "test.load.swallowed", seen)
+        assert swallowed["what"] == "StopSignalled"
+        process.send_signal(signal.SIGTERM)
+    finally:
+        _, stderr = await finish(process)
+    assert process.returncode == 0, stderr.decode()
+    assert "daemon.started" not in events_of(seen, stderr)
+
+
+@pytest.mark.parametrize(
+    ("signum", "status"), [(signal.SIGTERM, 0), (signal.SIGINT, 130)], ids=["SIGTERM", "SIGINT"]
+)
+async def test_a_stop_signal_while_the_config_file_blocks_ends_the_process(
+    signum: int, status: int, kubelet_dir: Path, short_dir: Path
+) -> None:
+    """A config path that is a FIFO nobody writes (or a hung mount): the read never returns."""
+    fifo = short_dir / "config.fifo"
+    os.mkfifo(fifo)
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        str(plugin_script(short_dir)),
+        "run",
+        "--config",
+        str(fifo),
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        env=PLUGIN_ENV,
+    )
+    writer = None
+    try:
+        # A writer can open the FIFO once the process has it open for reading: it is in the
+        # read, which waits for data this test never writes.
+        async with asyncio.timeout(60):  # a bound on a hang, not a latency assertion
+            while writer is None:
+                try:
+                    writer = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
+                except OSError:  # ENXIO: no reader yet
+                    assert process.returncode is None
+                    await asyncio.sleep(0.05)
+        process.send_signal(signum)
+    finally:
+        stdout, stderr = await finish(process)
+        if writer is not None:
+            os.close(writer)
+    assert process.returncode == status, stderr.decode()
+    assert stdout == b"" and b"Traceback" not in stderr, stderr.decode()
 
 
 async def test_a_second_sigterm_during_shutdown_still_exits_0(
@@ -551,8 +620,11 @@ async def interrupted(
                 assert line, f"the plugin ended before its scanner held: {seen.decode()}"
                 seen += line
         process.send_signal(signal.SIGINT)
-        process.stdin.write(b"go\n")
-        await process.stdin.drain()
+        # Lets a held scanner go on in a process that handles the signal rather than raising;
+        # one that raised may be gone already.
+        with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+            process.stdin.write(b"go\n")
+            await process.stdin.drain()
     finally:
         stdout, stderr = await finish(process)
     return process.returncode, stdout, seen + stderr, process

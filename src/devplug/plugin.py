@@ -12,13 +12,18 @@ config. :class:`SignalGuard` holds them from :func:`guard_signals` (or the start
 asyncio waits for worker threads after it. The guard's handlers are the only ones, never
 the event loop's own (``loop.add_signal_handler``): handing the signals to the loop and back
 leaves a moment with the default action in between (``remove_signal_handler`` resets it), in
-which a second SIGTERM right after ``daemon.stopped`` would kill the process.
+which a second SIGTERM right after ``daemon.stopped`` would kill the process. Before the
+daemon exists nothing is served, and a stop signal ends the command where it is (loading a
+config from a file nobody writes, say): :class:`StopSignalled`, as Ctrl-C ends any command.
 
-The stop, and the worker threads asyncio would wait for after it, fit the daemon's stop budget
-(``stop_timeout_s``, :mod:`devplug._kits.stopping`); a second stop signal ends the budget at
-once. When the budget is spent the process says what still runs and ends with ``os._exit``:
-a worker thread that never returns (a scanner's hung stop hook) would otherwise keep it alive
-for good, since neither ``asyncio.run`` nor the interpreter's exit returns before its threads.
+The stop, and the threads that would outlive it (the loop's workers, a hook's own), fit the
+daemon's stop budget (``stop_timeout_s``, :mod:`devplug._kits.stopping`); a second stop signal
+ends the budget at once. When the budget is spent the process says what still runs and ends
+with ``os._exit``: a thread that never returns (a scanner's hung stop hook) would otherwise
+keep it alive for good, since neither ``asyncio.run`` nor the interpreter's exit returns
+before its threads. A hook that blocks the event loop, which carries all of that out, does
+not keep it alive either: the stop's :class:`~devplug._kits.stopping.Backstop` ends the
+process from a signal handler, or from faulthandler's thread when a C call holds the GIL.
 """
 
 from __future__ import annotations
@@ -38,6 +43,7 @@ from devplug.errors import ConfigError
 if TYPE_CHECKING:
     import asyncio
 
+    from devplug._kits.stopping import Backstop
     from devplug.config import Settings
     from devplug.daemon import ConfigLoader, Daemon
     from devplug.scanners.base import Scanner
@@ -53,15 +59,35 @@ HANDLED_SIGNALS = (*STOP_SIGNALS, signal.SIGHUP)
 Loader: TypeAlias = "ConfigLoader"
 
 
+def stop_status(signum: int | None) -> int:
+    """The exit status of a command a stop signal ended before the daemon served: Ctrl-C's
+    130, as for any command; 0 for SIGTERM and SIGQUIT, as after serving."""
+    return EXIT_INTERRUPTED if signum == signal.SIGINT else 0
+
+
+class StopSignalled(KeyboardInterrupt):
+    """A stop signal before the daemon served: raised by :class:`SignalGuard`'s handler where
+    the main thread was (a config read, a plugin's factory), to end the command as Ctrl-C
+    does, with :attr:`exit_status` (the command line catches it with KeyboardInterrupt)."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.exit_status = stop_status(signum)
+
+
 class SignalGuard:
     """The process's handlers for the stop signals and SIGHUP while devplug serves.
 
-    Before the daemon runs a stop signal is remembered (nothing is served) and a SIGHUP asks
-    for a reload as soon as it runs (the config may have changed after it was read). While it
-    runs (:meth:`attach`), the handlers pass each signal to it through its loop; a stop signal
-    after that, while asyncio waits for worker threads (a reload's loader, a scan), only says
-    what is already happening. The handlers stay installed throughout: never a moment with the
-    default action.
+    Before the daemon runs nothing is served: a stop signal raises :class:`StopSignalled`
+    where the main thread is, and a second one (the first was swallowed, or a call does not
+    return) ends the process at once; a SIGHUP asks for a reload as soon as the daemon runs
+    (the config may have changed after it was read). While it runs (:meth:`attach`), the
+    handlers pass each signal to it through its loop, and arm its stop's
+    :class:`~devplug._kits.stopping.Backstop`, which ends the process when the loop cannot
+    (blocked by a hook): at the budget's end, or shortly after a second stop signal. After
+    that (:meth:`detach`), while the process waits for the threads it would leave behind, a
+    stop signal ends the wait at once. The handlers stay installed throughout: never a moment
+    with the default action.
     """
 
     def __init__(self) -> None:
@@ -69,6 +95,8 @@ class SignalGuard:
         self.stop_signal: int | None = None  # the first stop signal
         self.reload_requested = False
         self._target: tuple[asyncio.AbstractEventLoop, Daemon] | None = None
+        self._backstop: Backstop | None = None  # from attach until the run ends
+        self._served = False  # the run ended: nothing left to stop
         self._previous: dict[int, Any] = {}
         # While attached: the wakeup fd's socket pair and the wakeup fd it replaced.
         self._wakeup: tuple[asyncio.AbstractEventLoop, socket.socket, socket.socket, int] | None
@@ -88,8 +116,9 @@ class SignalGuard:
                 signal.signal(signum, handler)
         self._previous.clear()
 
-    def attach(self, loop: asyncio.AbstractEventLoop, daemon: Daemon) -> None:
-        """Pass signals to ``daemon`` from now on, and those that came before it existed.
+    def attach(self, loop: asyncio.AbstractEventLoop, daemon: Daemon, backstop: Backstop) -> None:
+        """Pass signals to ``daemon`` from now on, and those that came before it existed;
+        arm ``backstop`` (for its stop) when a stop signal comes.
 
         Call it in the loop's thread (the main one). A Python signal handler runs in the main
         thread once it runs bytecode; a signal the kernel gives another thread (gRPC's, a
@@ -97,6 +126,7 @@ class SignalGuard:
         reads, so that the handler runs at once (what ``loop.add_signal_handler`` does).
         """
         self._target = (loop, daemon)
+        self._backstop = backstop
         if threading.current_thread() is threading.main_thread() and self._wakeup is None:
             reader, writer = socket.socketpair()
             reader.setblocking(False)
@@ -110,8 +140,8 @@ class SignalGuard:
             daemon.request_reload()
 
     def detach(self) -> None:
-        """Stop passing signals to the daemon (they are remembered again); in the loop's
-        thread, before the loop closes."""
+        """Stop passing signals to the daemon: its run has ended (a stop signal now ends what
+        is left of the stop at once); in the loop's thread, before the loop closes."""
         self._target = None
         if self._wakeup is not None:
             loop, reader, writer, previous = self._wakeup
@@ -122,18 +152,50 @@ class SignalGuard:
             reader.close()
             writer.close()
 
+    def finish(self) -> None:
+        """The run and its stop are over (the process is about to return): stop signals are
+        only remembered from now on."""
+        self.detach()
+        self._backstop = None
+        self._served = True
+
+    @property
+    def exit_status(self) -> int:
+        """The status for a stop signal that came before the daemon served."""
+        return stop_status(self.stop_signal)
+
     def _handle(self, signum: int, frame: FrameType | None) -> None:
-        reload = signum == signal.SIGHUP
-        if reload:
+        if signum == signal.SIGHUP:
             self.reload_requested = True
-        else:
-            self.stop_requested = True
-            if self.stop_signal is None:
-                self.stop_signal = signum
+            if self._target is not None:
+                loop, daemon = self._target
+                with contextlib.suppress(RuntimeError):  # the loop is closed: nothing to tell
+                    loop.call_soon_threadsafe(daemon.request_reload)
+            return
+        again = self.stop_requested
+        self.stop_requested = True
+        if self.stop_signal is None:
+            self.stop_signal = signum
         if self._target is not None:
             loop, daemon = self._target
-            with contextlib.suppress(RuntimeError):  # the loop is closed: nothing to tell
-                loop.call_soon_threadsafe(daemon.request_reload if reload else daemon.request_stop)
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(daemon.request_stop)
+            # Armed here, not only by the loop: a loop blocked now would never begin the stop.
+            assert self._backstop is not None
+            if again:
+                self._backstop.cut_short(frame)
+            else:
+                self._backstop.arm_for(daemon.stop_budget.total_s)
+        elif self._backstop is not None:
+            self._backstop.cut_short(frame, at_once=True)
+        elif self._served:
+            return
+        elif again:
+            from devplug._kits.stopping import end_process
+
+            end_process(self.exit_status)
+        else:
+            raise StopSignalled(signum)
 
 
 def _drain(reader: socket.socket) -> None:
@@ -215,13 +277,13 @@ def run_daemon(
 ) -> int:
     """Serve ``scanners`` with ``settings`` (logging already configured) until SIGTERM,
     SIGINT or SIGQUIT; SIGHUP calls ``reload_config`` (None: it only rescans) and applies the
-    result (a refused one keeps the running config). A stop signal the guard caught before
+    result (a refused one keeps the running config). A stop signal before the daemon serves
     ends the call without serving. Without ``guard``, the process's (:func:`guard_signals`)
-    is used, or one for the call.
+    is used, or one for the call. While it stops, SIGALRM is the stop's backstop's.
 
-    Returns the exit status: 0 after an orderly stop (worker threads still running when the
-    stop budget is spent, or when another stop signal comes, are left behind), 2 when the
-    daemon stopped on a configuration error (printed to stderr as ``<program>: configuration
+    Returns the exit status: 0 after an orderly stop (threads still running when the stop
+    budget is spent, or when another stop signal comes, are left behind), 2 when the daemon
+    stopped on a configuration error (printed to stderr as ``<program>: configuration
     error: ...``), 130 when SIGINT (Ctrl-C) came before the daemon served, 1 if the daemon
     crashed (logged) or its stop did not finish within the budget or before a second stop
     signal (``daemon.stop.overdue``).
@@ -229,49 +291,95 @@ def run_daemon(
     if guard is None:
         with _guarded() as guard:
             return run_daemon(settings, scanners, reload_config, program=program, guard=guard)
-    import asyncio
-
     import structlog
 
     log = structlog.get_logger(__name__)
-    if guard.stop_requested:
+    try:
+        if not guard.stop_requested:  # one the code it interrupted swallowed
+            return _serve(settings, scanners, reload_config, program, guard, log)
+    except StopSignalled as stop:
         log.info("daemon.stopped", served=False)
-        # Ctrl-C before anything was served interrupted a command, as it would any other.
-        return EXIT_INTERRUPTED if guard.stop_signal == signal.SIGINT else 0
+        return stop.exit_status
+    log.info("daemon.stopped", served=False)
+    return guard.exit_status
+
+
+def _serve(
+    settings: Settings,
+    scanners: Sequence[Scanner],
+    reload_config: Loader | None,
+    program: str,
+    guard: SignalGuard,
+    log: Any,
+) -> int:
     # Before grpc loads: its core's own lines would bypass the JSON log (see logconfig).
     from devplug.logconfig import quiet_grpc_core
 
     quiet_grpc_core()
-    from devplug._kits.stopping import end_overdue, run_within_budget
+    import asyncio
+
+    import structlog
+
+    from devplug._kits.stopping import (
+        Backstop,
+        StopOutcome,
+        UnlockedStderr,
+        end_overdue,
+        run_within_budget,
+        wait_for_threads,
+    )
     from devplug.daemon import Daemon
     from devplug.ops.limits import raise_fd_limit
 
-    async def main(guard: SignalGuard) -> None:
+    backstops: list[Backstop] = []  # the run's, once the daemon exists
+
+    async def main() -> int:
         daemon = Daemon(settings, scanners, freeze_gc=True, config_loader=reload_config)
         resume_gc()  # everything the daemon runs with is imported; its scans allocate
+        loop = asyncio.get_running_loop()
+        # Its last words are said from a signal handler, past structlog's print lock.
+        backstop = Backstop(daemon.stop_budget, structlog.wrap_logger(UnlockedStderr()), loop)
+        backstops.append(backstop)
+        daemon.stop_budget.watch(backstop.follow)
         # The guard's handlers pass the signals on (not the loop's own: see the module doc).
-        guard.attach(asyncio.get_running_loop(), daemon)
+        guard.attach(loop, daemon, backstop)
         raise_fd_limit()  # systemd's soft 1,024 is too few to serve under load
+        status = 0
+
+        def stopped(error: BaseException | None) -> None:
+            nonlocal status
+            if error is not None:
+                status = _crashed(error, program)
+            backstop.stopped_status = status
+
         try:
             # The stop, and the worker threads after it, within the stop budget.
-            outcome = await run_within_budget(daemon.run(), daemon.stop_budget)
+            outcome = await run_within_budget(daemon.run(), daemon.stop_budget, stopped)
         finally:
             guard.detach()
         if outcome.overdue:
-            status = 0 if outcome.error is None else _crashed(outcome.error, program)
             end_overdue(outcome, daemon.stop_budget, log, status)
-        if outcome.error is not None:
-            raise outcome.error
+        return status
 
     try:
-        asyncio.run(main(guard))
-    except Exception as exc:
-        return _crashed(exc, program)
-    return 0
+        try:
+            status = asyncio.run(main())
+        except Exception as exc:  # before the daemon ran: building it failed
+            status = _crashed(exc, program)
+        if backstops:
+            backstop = backstops[0]
+            # The interpreter's exit would wait for these (a hook's own thread) without end.
+            if not wait_for_threads(backstop.budget):
+                stopped = StopOutcome(stopped=True, threads_done=False)
+                end_overdue(stopped, backstop.budget, log, status)
+            backstop.disarm()
+    finally:
+        guard.finish()
+    return status
 
 
 def _crashed(exc: BaseException, program: str) -> int:
-    """Report what ended the daemon (called while handling it); the exit status for it."""
+    """Report what ended the daemon; the exit status for it."""
     refused = _config_error_in(exc)
     if refused is not None:
         print(f"{program}: configuration error: {refused}", file=sys.stderr)

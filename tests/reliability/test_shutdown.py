@@ -27,8 +27,10 @@ RESOURCE = "example.com/dummy"
 EXIT_WAIT_S = 30.0
 SCRIPT = """
 import asyncio
+import ctypes
 import sys
 import threading
+import time
 
 import structlog
 
@@ -62,8 +64,40 @@ class HungThread(StaticScanner):
         threading.Event().wait()
 
 
+class BlocksTheLoop(StaticScanner):
+    async def stop(self, resource):
+        say("test.stop.entered")
+        time.sleep(3600)  # a blocking call in a coroutine hook: the event loop stops turning
+
+
+class HoldsTheInterpreter(StaticScanner):
+    async def stop(self, resource):
+        say("test.stop.entered")
+        # A C call that never returns and never lets go of the GIL (PyDLL keeps it): a
+        # default pthread mutex locked twice by its owner. No Python code runs after this,
+        # signal handlers included.
+        mutex = ctypes.create_string_buffer(64)
+        ctypes.PyDLL(None).pthread_mutex_lock(mutex)
+        ctypes.PyDLL(None).pthread_mutex_lock(mutex)
+
+
+class OwnThread(StaticScanner):
+    def start(self, resource):
+        # A monitor thread as plugins write them (not a daemon thread), told to end by a stop
+        # hook that forgets to.
+        threading.Thread(target=threading.Event().wait, name="test-monitor").start()
+        say("test.thread.started")
+
+
 def dummy(raw, field):
-    kind = {"coroutine": HungCoroutine, "stubborn": IgnoresCancellation, "thread": HungThread}
+    kind = {
+        "coroutine": HungCoroutine,
+        "stubborn": IgnoresCancellation,
+        "thread": HungThread,
+        "blocks_loop": BlocksTheLoop,
+        "holds_gil": HoldsTheInterpreter,
+        "own_thread": OwnThread,
+    }
     scanner = kind[raw["stop"]]
     info = DeviceInfo(nodes=(DeviceNode("/dev/null"),))
     return scanner({"example.com/dummy": {"dev0": info}})
@@ -218,3 +252,73 @@ async def test_a_second_sigterm_during_a_stuck_stop_ends_the_process_at_once(
     (overdue,) = plugin.named("daemon.stop.overdue")
     assert overdue["reason"] == "asked to stop again"
     assert not plugin.named("lifecycle.stop.failed")  # the hook's own timeout never came
+
+
+# ------------------------------------------------------------------- a blocked event loop
+# The budget and a second stop signal are carried out by the event loop; a hook that blocks
+# the loop (or a C call that holds the interpreter) must not take them away.
+
+
+async def test_a_stop_hook_that_blocks_the_event_loop_still_ends_within_the_budget(
+    kubelet: KubeletSimulator, kubelet_dir: Path, short_dir: Path
+) -> None:
+    async with Plugin(short_dir, kubelet_dir, "blocks_loop", budget_s=3) as plugin:
+        await serving(plugin, kubelet)
+        plugin.signal(signal.SIGTERM)
+        assert await plugin.exit_status() == 1
+    (overdue,) = plugin.named("daemon.stop.overdue")
+    assert "stop budget of 3 s" in overdue["reason"] and overdue["exit_status"] == 1
+    # Where the loop was stuck, innermost last: the hook's blocking call.
+    assert overdue["blocked_in"][-1].endswith("in stop"), overdue["blocked_in"]
+    assert plugin.entries()[-1]["event"] == "daemon.stop.overdue"  # its last words
+
+
+async def test_a_second_sigterm_ends_a_stop_whose_hook_blocks_the_event_loop(
+    kubelet: KubeletSimulator, kubelet_dir: Path, short_dir: Path
+) -> None:
+    # A budget longer than the wait: only the second signal can end the process in time.
+    async with Plugin(short_dir, kubelet_dir, "blocks_loop", budget_s=600) as plugin:
+        await serving(plugin, kubelet)
+        plugin.signal(signal.SIGTERM)
+        await plugin.logged("test.stop.entered")
+        plugin.signal(signal.SIGTERM)
+        assert await plugin.exit_status() == 1
+    (overdue,) = plugin.named("daemon.stop.overdue")
+    assert overdue["reason"] == "asked to stop again"
+    assert overdue["blocked_in"][-1].endswith("in stop"), overdue["blocked_in"]
+
+
+async def test_a_stop_hook_holding_the_interpreter_ends_with_a_traceback_of_where(
+    kubelet: KubeletSimulator, kubelet_dir: Path, short_dir: Path
+) -> None:
+    """No Python code runs while a C call holds the GIL, not even a signal handler: only
+    faulthandler's own thread can end the process then, printing every thread's traceback."""
+    async with Plugin(short_dir, kubelet_dir, "holds_gil", budget_s=3) as plugin:
+        await serving(plugin, kubelet)
+        plugin.signal(signal.SIGTERM)
+        await plugin.logged("test.stop.entered")
+        plugin.signal(signal.SIGTERM)  # handled only once the interpreter runs again: never
+        assert await plugin.exit_status() == 1
+    text = plugin.log.read_text()
+    tail = text[text.rindex('"event": "test.stop.entered"') :]
+    assert "Timeout (" in tail, tail
+    # The main thread's traceback names the hook that holds it.
+    assert re.search(r'File ".*plugin\.py", line \d+ in stop', tail), tail
+    assert not plugin.named("daemon.stopped")
+
+
+async def test_a_thread_a_start_hook_left_running_does_not_keep_the_process_alive(
+    kubelet: KubeletSimulator, kubelet_dir: Path, short_dir: Path
+) -> None:
+    """Not a worker thread of the loop's: the interpreter's exit would wait for it without
+    end after the daemon stopped."""
+    async with Plugin(short_dir, kubelet_dir, "own_thread", budget_s=3) as plugin:
+        await serving(plugin, kubelet)
+        await plugin.logged("test.thread.started")
+        plugin.signal(signal.SIGTERM)
+        assert await plugin.exit_status() == 0
+    (abandoned,) = plugin.named("daemon.threads.abandoned")
+    assert abandoned["threads"] == ["test-monitor"]
+    assert "stop budget of 3 s" in abandoned["reason"]
+    events = [e["event"] for e in plugin.entries()]
+    assert events.index("daemon.stopped") < events.index("daemon.threads.abandoned")

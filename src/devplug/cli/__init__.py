@@ -58,7 +58,8 @@ def main(
     devplug``, :func:`serve`), ``run`` holds the signals from here on; a call with ``argv``
     (a test, an embedding program) leaves the process's handlers alone until it serves.
     Ctrl-C ends any command with status 130 and no traceback (``run``, once it serves, stops
-    in order on SIGINT instead: status 0).
+    in order on SIGINT instead: status 0); SIGTERM or SIGQUIT before ``run`` serves ends it
+    with 0.
     """
     own = argv is None
     argv = early.hoist(sys.argv[1:] if argv is None else argv)
@@ -73,9 +74,11 @@ def main(
             finally:
                 resume_gc()  # if the daemon never ran (a refused config, say)
         return _main(argv, scanners, program, version, description, own=own)
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as interrupted:
         # The shell shows the ^C; a traceback of where the command happened to be is noise.
-        return EXIT_INTERRUPTED
+        # A stop signal before ``run`` served comes the same way (devplug.plugin.StopSignalled),
+        # with its own status: 0 for SIGTERM.
+        return getattr(interrupted, "exit_status", EXIT_INTERRUPTED)
 
 
 def _main(
