@@ -18,7 +18,11 @@ import yaml
 
 from devplug._proto import deviceplugin_v1beta1_pb2 as pb
 from devplug._proto import deviceplugin_v1beta1_pb2_grpc as pb_grpc
+from devplug.cli.dra_status import DraDriverStatus, dra_table
+from devplug.cli.holders import DeviceRow, PodsStatus, devices_table
 from devplug.cli.status import resource_of_socket
+from devplug.dra.checkpoint import PreparedClaim
+from devplug.kubelet.podresources import Holder
 from devplug.model import DeviceInfo, DeviceNode, Health
 from devplug.testing import KubeletSimulator, daemon_process, daemon_settings, running_daemon
 from devplug.testing.harness import StaticScanner
@@ -281,3 +285,87 @@ async def test_a_socket_left_by_a_killed_devplug_is_cleaned_at_its_next_start(
         code, out, err = await run_status("--kubelet-dir", str(kubelet_dir))
     assert code == 0, out + err
     assert out.splitlines()[1].split()[-1] == "serving"
+
+
+# What a hostile plugin or kubelet could send to forge a row, recolour or retitle the terminal.
+FORGED = (
+    "ok\x1b[31m\rdevplug-example.com_serial.sock  example.com/serial  9  0  0  serving"
+    "\x1b]0;pwned\x07"
+)
+
+
+class HostilePlugin(VendorPlugin):
+    """A plugin whose every answer is an error made of terminal escapes and a carriage return."""
+
+    async def GetDevicePluginOptions(
+        self, request: pb.Empty, context: Any
+    ) -> pb.DevicePluginOptions:
+        await context.abort(grpc.StatusCode.INTERNAL, FORGED)
+        raise AssertionError("abort raises")
+
+
+async def test_plugin_supplied_text_is_printed_escaped(kubelet_dir: Path) -> None:
+    """Issue 25 review (/tmp/review25/evilplugin.py): status printed another plugin's error
+    details raw, so `devplug status | cat -v` showed a forged 'serving' row. Now the socket's
+    name and the error are escaped as the kubelet stand-in escapes plugin text: one row,
+    no control character, the forged text visible as escapes."""
+    name = "evil\x1b[2J.sock"
+    server = grpc.aio.server()
+    pb_grpc.add_DevicePluginServicer_to_server(HostilePlugin(), server)
+    server.add_insecure_port(f"unix://{kubelet_dir / name}")
+    await server.start()
+    try:
+        code, table, _ = await run_status("--kubelet-dir", str(kubelet_dir))
+        _, document, _ = await run_status("--kubelet-dir", str(kubelet_dir), "-o", "json")
+    finally:
+        await server.stop(None)
+    assert code == 1  # the plugin did not answer
+    assert not any(char in table for char in "\x1b\r\x07")
+    header, row, kubelet_line = table.splitlines()  # no forged row
+    assert header.startswith("SOCKET") and kubelet_line.startswith("kubelet: ")
+    assert row.split()[:5] == ["evil\\x1b[2J.sock", "-", "unknown", "unknown", "unknown"]
+    assert row.endswith(
+        "INTERNAL: ok\\x1b[31m\\rdevplug-example.com_serial.sock  "
+        "example.com/serial  9  0  0  serving\\x1b]0;pwned\\x07"
+    )
+    (plugin,) = json.loads(document)["plugins"]  # JSON escapes by itself: the text as sent
+    assert plugin["socket"] == name and plugin["error"] == f"INTERNAL: {FORGED}"
+
+
+def test_pod_and_container_names_from_the_kubelet_are_printed_escaped() -> None:
+    """``status --pods``: pod and container names (the kubelet's) and device ids and health
+    (a plugin's) are foreign text too."""
+    holder = Holder("default", "pod\x1b[2K\rforged", "main\n")
+    row = DeviceRow("example.com/serial", "d0\x1b[31m", "Healthy\r", (), (holder,))
+    status = PodsStatus(
+        Path("/var/lib/kubelet/pod-resources/kubelet.sock"), "available", None, None, 1, (row,), {}
+    )
+    table = devices_table(status)
+    assert not any(char in table for char in "\x1b\r")
+    header, line, last = table.splitlines()
+    assert header.split() == ["RESOURCE", "DEVICE", "HEALTH", "HELD", "BY"]
+    assert line.split() == [
+        "example.com/serial",
+        "d0\\x1b[31m",
+        "Healthy\\r",
+        "default/pod\\x1b[2K\\rforged/main\\n",
+    ]
+    assert last.startswith("pod resources: 1 pods")
+
+
+def test_dra_driver_text_is_printed_escaped() -> None:
+    """The DRA table: another driver's name (its GetInfo answer), its socket's name, its error
+    and a claim's names are printed escaped too."""
+    claim = PreparedClaim("default", "claim\r\x1b[2K", "uid-1", ())
+    driver = DraDriverStatus(
+        "/var/lib/kubelet/plugins_registry/x\x1b]0;t\x07.sock",
+        "evil.example.com\x1b[31m",
+        error=f"UNAVAILABLE: {FORGED}",
+    )
+    mine = DraDriverStatus("/r/devplug.sock", "devplug.example.com", claims={"uid-1": claim})
+    table = dra_table([driver, mine])
+    assert not any(char in table for char in "\x1b\r\x07")
+    lines = table.splitlines()
+    assert len(lines) == 4  # the header, two drivers, one claim: nothing forged
+    assert lines[1].startswith("evil.example.com\\x1b[31m  /var/lib/kubelet/plugins_registry/x")
+    assert lines[3] == "devplug.example.com: default/claim\\r\\x1b[2K holds"

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
+from devplug._kits.printable import escaped
 from devplug.dra.checkpoint import CHECKPOINT_FILE, CheckpointError, PreparedClaim, load_checkpoint
 
 T = TypeVar("T")
@@ -168,7 +169,9 @@ def dra_table(statuses: list[DraDriverStatus]) -> str:
     rows = [["DRA DRIVER", "REGISTRATION SOCKET", "PREPARED CLAIMS", "STATUS"]]
     for status in statuses:
         claims = "unknown" if status.claims is None else str(len(status.claims))
-        rows.append([status.driver, status.socket, claims, status.error or status.state])
+        # Escaped: driver names, socket names and errors are any driver's text.
+        cells = (status.driver, status.socket, claims, status.error or status.state)
+        rows.append([escaped(cell) for cell in cells])
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]) - 1)]
     lines = [
         "  ".join([*(c.ljust(w) for c, w in zip(row[:-1], widths, strict=True)), row[-1]])
@@ -177,5 +180,6 @@ def dra_table(statuses: list[DraDriverStatus]) -> str:
     for status in statuses:
         for claim in sorted((status.claims or {}).values(), key=lambda c: (c.namespace, c.name)):
             devices = ", ".join(f"{d.resource}={d.device_id}" for d in claim.devices)
-            lines.append(f"{status.driver}: {claim.namespace}/{claim.name} holds {devices}")
+            line = f"{status.driver}: {claim.namespace}/{claim.name} holds {devices}"
+            lines.append(escaped(line))
     return "\n".join(line.rstrip() for line in lines) + "\n"

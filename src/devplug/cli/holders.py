@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from devplug._kits.printable import escaped
 from devplug.kubelet.podresources import (
     Holder,
     PodResourcesUnavailable,
@@ -186,16 +187,24 @@ def allocatable_document(check: Allocatable) -> dict[str, Any]:
 
 
 def devices_table(status: PodsStatus) -> str:
-    """One row per device, then the line about the pod resources API."""
+    """One row per device, then the line about the pod resources API; device ids and health
+    (the plugin's) and pod and container names (the kubelet's) printed escaped."""
     lines = []
     if status.devices and status.available:
         rows = [("RESOURCE", "DEVICE", "HEALTH", "HELD BY")]
         for device in status.devices:
             holders = ", ".join(str(h) for h in device.holders or ()) or "-"
-            rows.append((device.resource, device.id, device.health, holders))
+            rows.append(
+                (
+                    escaped(device.resource),
+                    escaped(device.id),
+                    escaped(device.health),
+                    escaped(holders),
+                )
+            )
         widths = [max(len(row[i]) for row in rows) for i in range(3)]
         for row in rows:
             cells = [cell.ljust(width) for cell, width in zip(row[:3], widths, strict=True)]
             lines.append("  ".join([*cells, row[3]]).rstrip())
-    lines.append(status.describe())
+    lines.append(escaped(status.describe()))
     return "\n".join(lines) + "\n"

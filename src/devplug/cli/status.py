@@ -34,6 +34,7 @@ from collections import Counter
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from devplug._kits.printable import escaped
 from devplug.cli.dra_status import beside_dra, dra_document, dra_table
 from devplug.cli.holders import (
     Listed,
@@ -261,10 +262,10 @@ def status_command(
 
             sys.stdout.write(yaml.safe_dump(document, sort_keys=False))
     elif not plugins:
-        print(f"no device plugin sockets in {kubelet_dir}")
-        print(kubelet.describe())
+        print(escaped(f"no device plugin sockets in {kubelet_dir}"))
+        print(escaped(kubelet.describe()))
         if holders is not None:
-            print(holders.describe())
+            print(escaped(holders.describe()))
     else:
         sys.stdout.write(status_table(plugins, kubelet, holders))
         if holders is not None:
@@ -313,7 +314,8 @@ def status_table(
     """One row per plugin, then a line about the kubelet. A count nobody answered for is
     ``unknown``; ``-`` is an answer (no NUMA node, no resource name in the socket's). With
     ``holders`` (``--pods``), an ALLOCATABLE column: the kubelet's allocatable set of the
-    resource against the devices the plugin lists Healthy."""
+    resource against the devices the plugin lists Healthy. What a plugin or the dir supplies
+    is printed escaped (:mod:`devplug._kits.printable`)."""
     header = ["SOCKET", "RESOURCE", "HEALTHY", "UNHEALTHY", "NUMA"]
     rows = [[*header, "ALLOCATABLE", "STATUS"] if holders else [*header, "STATUS"]]
     for plugin in plugins:
@@ -328,11 +330,12 @@ def status_table(
         if holders is not None:
             check = holders.allocatable.get(plugin.resource or "")
             row.append("-" if check is None else check.describe())
-        rows.append([*row, plugin.error or plugin.state(kubelet)])
+        # Escaped: a socket's name and a plugin's error are any vendor's text.
+        rows.append([escaped(cell) for cell in (*row, plugin.error or plugin.state(kubelet))])
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]) - 1)]
     lines = []
     for row in rows:
         cells = [cell.ljust(width) for cell, width in zip(row[:-1], widths, strict=True)]
         lines.append("  ".join([*cells, row[-1]]).rstrip())
-    lines.append(kubelet.describe())
+    lines.append(escaped(kubelet.describe()))
     return "\n".join(lines) + "\n"

@@ -40,6 +40,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
+from devplug._kits.printable import escaped
 from devplug.model import ContainerAllocation
 from devplug.testing.podresources import DEFAULT_CONTAINER, PodAllocation
 from devplug.testing.simulator import (
@@ -256,31 +257,6 @@ class Console:
             f"kubelet restarted: {self.kubelet.socket_path} is back; plugins must re-register",
             event="restarted",
         )
-
-
-# The escapes Python's repr uses for these; other unprintable characters get \\x, \\u or \\U.
-_NAMED_ESCAPES = {"\\": "\\\\", "\n": "\\n", "\r": "\\r", "\t": "\\t"}
-
-
-def escaped(text: str) -> str:
-    """``text`` with every character that is not printable (control characters, line and
-    paragraph separators, format characters such as bidi overrides) and the backslash written
-    as an escape; printable text, non-ASCII letters included, is kept as it is."""
-    if text.isprintable() and "\\" not in text:
-        return text
-    out: list[str] = []
-    for char in text:
-        if char in _NAMED_ESCAPES:
-            out.append(_NAMED_ESCAPES[char])
-        elif char.isprintable():
-            out.append(char)
-        elif ord(char) < 0x100:
-            out.append(f"\\x{ord(char):02x}")
-        elif ord(char) < 0x10000:
-            out.append(f"\\u{ord(char):04x}")
-        else:
-            out.append(f"\\U{ord(char):08x}")
-    return "".join(out)
 
 
 def _yes(flag: bool) -> str:
