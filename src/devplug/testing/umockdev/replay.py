@@ -7,6 +7,13 @@ the recorded (checked) targets, ``L: driver`` the driver binding, ``N:`` a plain
 whose ``stat()`` reports MAJOR:MINOR (a block node for the ``block`` subsystem), and ``S:``
 symlinks to it. Devices are added parents first, whatever the record's order (umockdev-record
 writes children first).
+
+One exception to the nodes: the memory devices (major 1: ``/dev/null``, ``/dev/zero``,
+``/dev/urandom``...) and ``/dev/tty``, ``/dev/console``, ``/dev/ptmx`` are opened by programs
+behind their author's back (a subprocess's stdin on ``/dev/null``, libudev's ``ldconfig`` among
+them), and umockdev's preload (0.17) ends a process that opens a testbed node without
+umockdev-run's ioctl server. Where this machine has the very same node (type and numbers), the
+testbed leaves it to this machine's /dev: ``stat()`` reports what the record says all the same.
 """
 
 from __future__ import annotations
@@ -15,6 +22,7 @@ import contextlib
 import os
 import posixpath
 import shutil
+import stat
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -61,6 +69,7 @@ def _add(host: UmockdevHost, device: RecordedDevice) -> None:
             value = recorded[key]
             if value is not None:
                 properties[key] = value
+    shared = node is not None and _same_node_here(node)
     target = links.pop("driver", None)
     driver = posixpath.basename(target) if target is not None else None
     path = host.add_device(
@@ -86,6 +95,20 @@ def _add(host: UmockdevHost, device: RecordedDevice) -> None:
             host.set_property(path, key, recorded.get(key))
     if node is not None and dev_attribute not in (None, f"{node.major}:{node.minor}".encode()):
         host.set_attribute(path, "dev", dev_attribute)
+    if shared:
+        host.set_node_present(path, False)
+
+
+def _same_node_here(node: MockNode) -> bool:
+    """Whether ``node`` is one programs open unasked and this machine has it, the same."""
+    if not (node.major == 1 or (node.major == 5 and node.minor <= 2)):
+        return False
+    try:
+        found = os.stat(f"/dev/{node.relative_path}")
+    except OSError:
+        return False
+    kind = stat.S_ISBLK(found.st_mode) if node.kind == "b" else stat.S_ISCHR(found.st_mode)
+    return kind and (os.major(found.st_rdev), os.minor(found.st_rdev)) == (node.major, node.minor)
 
 
 def host_from_record(directory: Path, record: Path) -> UmockdevHost:
