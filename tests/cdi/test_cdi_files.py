@@ -657,6 +657,58 @@ async def test_a_copy_of_devplugs_spec_without_its_record_is_recognised_by_conte
     assert (await store.write(NAME, RESOURCE, spec(5))).changed  # ours from now on
 
 
+def plant_foreign_owner(path: Path) -> None:
+    os.chown(path, 1000, 1000)
+
+
+def plant_writable_mode(path: Path) -> None:
+    path.chmod(0o666)
+
+
+def plant_second_link(path: Path) -> None:
+    os.link(path, path.parent.parent / "elsewhere.json")
+
+
+@pytest.mark.parametrize(
+    "plant",
+    [
+        pytest.param(
+            plant_foreign_owner, marks=pytest.mark.skipif(not ROOT, reason="chown needs root")
+        ),
+        plant_writable_mode,
+        plant_second_link,
+    ],
+)
+@pytest.mark.parametrize("recorded", [False, True], ids=["no record", "a dead daemon's record"])
+async def test_devplugs_bytes_that_others_can_change_are_replaced_not_kept(
+    tmp_path: Path, store_of: StoreFactory, plant: Callable[[Path], None], recorded: bool
+) -> None:
+    """Issue 25 review: devplug's exact bytes planted in the CDI dir as uid 1000, mode 0666
+    were adopted with their inode; a later in-place edit adding a createContainer hook was
+    rewritten only within 1 s, long enough for a runtime that reloads on inotify. Now a file
+    with the right bytes is kept only if it is a regular file of devplug's user, with one
+    link, that no one else can write; otherwise it is replaced atomically by devplug's own."""
+    directory = tmp_path / "cdi"
+    directory.mkdir()
+    if recorded:
+        gone = await store_of(directory, INSTANCE)  # wrote it, then went away
+        await gone.write(NAME, RESOURCE, spec(4))
+        await gone.close()
+    else:
+        (directory / NAME).write_bytes(spec(4))
+    plant(directory / NAME)
+    planted = file_stamp(directory / NAME)
+    store = await store_of(directory, INSTANCE)
+    written = await store.write(NAME, RESOURCE, spec(4))
+    assert written.changed, "the planted file was kept"
+    info = os.lstat(directory / NAME)
+    assert planted is not None and info.st_ino != planted.inode
+    assert (info.st_uid, stat.S_IMODE(info.st_mode), info.st_nlink) == (os.geteuid(), 0o644, 1)
+    assert (directory / NAME).read_bytes() == spec(4)
+    record = await read_record(directory, NAME)
+    assert record is not None and record.owner == store.owner
+
+
 async def test_write_all_names_every_name_taken_and_leaves_nothing_behind(
     tmp_path: Path,
 ) -> None:

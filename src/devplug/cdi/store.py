@@ -10,7 +10,9 @@ by mistake). The rules, in :meth:`SpecStore.write`'s order:
 - a name with no file is free; a file whose record names a daemon that is gone, and that
   still holds what that daemon wrote, is taken over (identical content is kept as it is);
 - a file that holds exactly the bytes devplug writes for the resource now is devplug's,
-  wherever it came from (copied from another CDI dir, its record lost): kept and recorded;
+  wherever it came from (copied from another CDI dir, its record lost): recorded, and kept as
+  it is only if it is a regular file of devplug's user that no one else can write, with one
+  link (otherwise replaced atomically: a planted copy could be edited in place later);
 - any other file is someone else's (:class:`ForeignSpecError`), never replaced or deleted.
 
 Nothing here parses a file devplug did not write: records are small, and a spec file is read
@@ -22,6 +24,8 @@ from __future__ import annotations
 import contextlib
 import errno
 import math
+import os
+import stat
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -50,7 +54,7 @@ from devplug.cdi.ownership import (
     stale_candidates,
     write_record,
 )
-from devplug.cdi.stamps import FileStamp
+from devplug.cdi.stamps import FileStamp, stamp_of
 
 DEFAULT_INSTANCE = "default"
 
@@ -259,11 +263,14 @@ class SpecStore:
             return _Decision((), exclusive=True)  # our file; its record was lost
         held = await _matching_content(path, record) if record is not None else None
         if held is not None:
-            return _Decision((held,), exclusive=False, keep=current if held == new_id else None)
+            same = held == new_id and await _keepable(path, current)
+            return _Decision((held,), exclusive=False, keep=current if same else None)
         if await _holds(path, current, new_id):
             # Exactly the bytes devplug writes for this resource now: devplug's spec, wherever
-            # it came from (copied from another CDI dir, its record lost). Kept as it is.
-            return _Decision((), exclusive=record is None, keep=current)
+            # it came from (copied from another CDI dir, its record lost). Kept as it is only
+            # if nobody else can change it; otherwise replaced by a file of devplug's own.
+            keep = current if await _keepable(path, current) else None
+            return _Decision((), exclusive=record is None, keep=keep)
         raise ForeignSpecError(
             errno.EEXIST,
             f"{path} exists and was not written by devplug; it is left alone: remove it, or "
@@ -360,6 +367,26 @@ class SpecStore:
     async def close(self) -> None:
         if self.lock is not None:
             await self.lock.release()
+
+
+async def _keepable(path: Path, seen: FileStamp) -> bool:
+    """Whether ``path``, still as ``seen``, may be kept as devplug's spec without rewriting
+    it: a regular file of devplug's user, with one link, that no other user can write. A file
+    with the right bytes but another owner or a group- or world-writable mode (planted, or
+    copied by someone else) could be edited in place later, and a runtime watching the dir
+    would load the edit before devplug rewrites it; a second link is a name elsewhere that
+    edits the same file."""
+    try:
+        info = await aiofiles.os.stat(path, follow_symlinks=False)
+    except OSError:
+        return False
+    return (
+        stamp_of(info) == seen
+        and stat.S_ISREG(info.st_mode)
+        and info.st_uid == os.geteuid()
+        and not info.st_mode & 0o022
+        and info.st_nlink == 1
+    )
 
 
 async def _holds(path: Path, seen: FileStamp, data_id: tuple[str, int]) -> bool:
