@@ -114,6 +114,21 @@ async def client(api: ApiServer, tmp_path: Path) -> AsyncIterator[LightkubeApi]:
 
 
 @contextlib.asynccontextmanager
+async def serving(
+    tmp_path: Path, *, with_node: bool = True, **options: Any
+) -> AsyncIterator[tuple[ApiServer, LightkubeApi]]:
+    """A stand-in of its own (``options`` as ApiServer takes them) and a client of it."""
+    async with ApiServer(**options) as api:
+        if with_node:
+            api.put_node(NODE)
+        kube = load_api_client({"KUBECONFIG": str(api.write_kubeconfig(tmp_path / "own"))})
+        try:
+            yield api, kube
+        finally:
+            await kube.aclose()
+
+
+@contextlib.asynccontextmanager
 async def publishing(kube: KubeApi, trees: Trees, **options: Any) -> AsyncIterator[SlicePublisher]:
     options.setdefault("timing", FAST)
     publisher = SlicePublisher(
@@ -203,19 +218,17 @@ async def test_it_follows_an_async_iterator_of_trees(api: ApiServer, client: Lig
             await task
 
 
-async def test_the_node_uid_is_waited_for(client: LightkubeApi, tmp_path: Path) -> None:
-    async with ApiServer() as api:
-        kube = load_api_client({"KUBECONFIG": str(api.write_kubeconfig(tmp_path / "k2"))})
-        try:
-            async with publishing(kube, LatestValue(tree(range(2)))):
-                await api.wait_for(lambda a: a.requests["get"] >= 2, what="node reads retried")
-                assert api.writes == 0  # no slice without its owner
-                uid = api.put_node(NODE)["metadata"]["uid"]
-                await api.wait_for(complete_with(names(range(2))), what="published once known")
-                (obj,) = pool_slices(api).values()
-                assert obj["metadata"]["ownerReferences"][0]["uid"] == uid
-        finally:
-            await kube.aclose()
+async def test_the_node_uid_is_waited_for(tmp_path: Path) -> None:
+    async with (
+        serving(tmp_path, with_node=False) as (api, kube),
+        publishing(kube, LatestValue(tree(range(2)))),
+    ):
+        await api.wait_for(lambda a: a.requests["get"] >= 2, what="node reads retried")
+        assert api.writes == 0  # no slice without its owner
+        uid = api.put_node(NODE)["metadata"]["uid"]
+        await api.wait_for(complete_with(names(range(2))), what="published once known")
+        (obj,) = pool_slices(api).values()
+        assert obj["metadata"]["ownerReferences"][0]["uid"] == uid
 
 
 # ------------------------------------------------------------------ hotplug
@@ -393,28 +406,23 @@ async def test_an_outage_is_waited_out_with_back_off_and_logged_twice(
     assert events.count("dra.slices.api.reachable") == 1
 
 
-async def test_an_idle_pool_makes_no_writes(client: LightkubeApi, tmp_path: Path) -> None:
+async def test_an_idle_pool_makes_no_writes(tmp_path: Path) -> None:
     # Watches end every 0.2 s and are re-opened, as a real server ends them every 30-60 min.
-    async with ApiServer(max_watch_seconds=0.2) as api:
-        api.put_node(NODE)
-        kube = load_api_client({"KUBECONFIG": str(api.write_kubeconfig(tmp_path / "k2"))})
+    async with serving(tmp_path, max_watch_seconds=0.2) as (api, kube):
         trees: Trees = LatestValue(tree(range(200)))
-        try:
-            async with publishing(kube, trees) as publisher:
-                await api.wait_for(complete_with(names(range(200))), what="first publish")
-                writes, watches = api.writes, api.requests["watch"]
-                trees.set(tree(range(200)))  # an equal tree, a new object
-                trees.set(DeviceTree({GPU: gpus(range(200)), OTHER: gpus(range(2))}))
-                await api.wait_for(lambda a: a.requests["watch"] >= watches + 3, what="rewatch")
-                lists = publisher.mirror.lists
-                api.put_node("node2")  # history moves on (not a slice: no watch event) ...
-                api.compact()  # ... and goes: a watch from before it gets 410
-                await api.wait_for(lambda a: publisher.mirror.lists > lists, what="a new list")
-                await api.wait_for(lambda a: a.requests["watch"] >= watches + 6, what="rewatch")
-                assert api.writes == writes
-                assert publisher.stats.publishes == 1 and publisher.stats.in_sync
-        finally:
-            await kube.aclose()
+        async with publishing(kube, trees) as publisher:
+            await api.wait_for(complete_with(names(range(200))), what="first publish")
+            writes, watches = api.writes, api.requests["watch"]
+            trees.set(tree(range(200)))  # an equal tree, a new object
+            trees.set(DeviceTree({GPU: gpus(range(200)), OTHER: gpus(range(2))}))
+            await api.wait_for(lambda a: a.requests["watch"] >= watches + 3, what="rewatch")
+            lists = publisher.mirror.lists
+            api.put_node("node2")  # history moves on (not a slice: no watch event) ...
+            api.compact()  # ... and goes: a watch from before it gets 410
+            await api.wait_for(lambda a: publisher.mirror.lists > lists, what="a new list")
+            await api.wait_for(lambda a: a.requests["watch"] >= watches + 6, what="rewatch")
+            assert api.writes == writes
+            assert publisher.stats.publishes == 1 and publisher.stats.in_sync
 
 
 async def test_a_restarted_publisher_finds_its_pool_and_writes_nothing(
@@ -457,55 +465,42 @@ async def test_a_device_the_validator_refuses_is_left_out_and_the_rest_published
 ) -> None:
     odd = device_name(address(130))
     rule = refusing(odd)
-    async with ApiServer(slice_validator=rule) as api:
-        api.put_node(NODE)
-        kube = load_api_client({"KUBECONFIG": str(api.write_kubeconfig(tmp_path / "k"))})
-        try:
-            with capture_logs() as logs:
-                trees: Trees = LatestValue(tree(range(130)))
-                async with publishing(kube, trees, validator=rule) as p:
-                    await api.wait_for(complete_with(names(range(130))), what="first publish")
-                    trees.set(tree(range(200)))  # the odd device comes, in the second slice
-                    expected = names(range(200)) - {odd}
-                    await api.wait_for(complete_with(expected), what="the others published")
-                    pool = await p.published.wait_for(
-                        lambda v: v is not None and v.generation == 2, 5
-                    )
-                    assert pool is not None and odd not in pool.devices
-                    assert p.stats.left_out == 1 and p.stats.rejected == 0
-            refused = [e for e in logs if e["event"] == "dra.slices.device.refused"]
-            assert [(e["device"], e["id"]) for e in refused] == [(odd, address(130))]
-            assert "refused here" in refused[0]["reason"]
-        finally:
-            await kube.aclose()
+    async with serving(tmp_path, slice_validator=rule) as (api, kube):
+        with capture_logs() as logs:
+            trees: Trees = LatestValue(tree(range(130)))
+            async with publishing(kube, trees, validator=rule) as p:
+                await api.wait_for(complete_with(names(range(130))), what="first publish")
+                trees.set(tree(range(200)))  # the odd device comes, in the second slice
+                expected = names(range(200)) - {odd}
+                await api.wait_for(complete_with(expected), what="the others published")
+                pool = await p.published.wait_for(lambda v: v is not None and v.generation == 2, 5)
+                assert pool is not None and odd not in pool.devices
+                assert p.stats.left_out == 1 and p.stats.rejected == 0
+        refused = [e for e in logs if e["event"] == "dra.slices.device.refused"]
+        assert [(e["device"], e["id"]) for e in refused] == [(odd, address(130))]
+        assert "refused here" in refused[0]["reason"]
 
 
 async def test_a_slice_the_api_server_refuses_is_not_retried_and_the_others_go_out(
     tmp_path: Path,
 ) -> None:
     odd = device_name(address(130))  # in the second slice
-    rule = refusing(odd)
-    async with ApiServer(slice_validator=rule) as api:
-        api.put_node(NODE)
-        kube = load_api_client({"KUBECONFIG": str(api.write_kubeconfig(tmp_path / "k"))})
-        first, second = slice_name(NODE, DRIVER, 0), slice_name(NODE, DRIVER, 1)
-        try:
-            with capture_logs() as logs:
-                async with publishing(kube, LatestValue(tree(range(200)))) as publisher:
-                    await api.wait_for(lambda a: first in pool_slices(a), what="first slice")
-                    await api.wait_for(lambda a: verbs(a)[("create", 422)] == 1, what="a 422")
-                    api.delete_slices(f"spec.nodeName={NODE}")  # a wipe: a reason for a pass
-                    await api.wait_for(lambda a: first in pool_slices(a), what="first is back")
-                    await asyncio.sleep(0.5)  # retries would come every 0.05-0.4 s
-                    assert publisher.stats.rejected == 1
-            # The first slice created twice (before and after the wipe), the second refused
-            # once and never sent again.
-            assert verbs(api)[("create", 201)] == 2 and verbs(api)[("create", 422)] == 1
-            assert second not in pool_slices(api)
-            (rejected,) = [e for e in logs if e["event"] == "dra.slices.rejected"]
-            assert rejected["slice"] == second and rejected["devices"] == [odd]
-        finally:
-            await kube.aclose()
+    first, second = slice_name(NODE, DRIVER, 0), slice_name(NODE, DRIVER, 1)
+    async with serving(tmp_path, slice_validator=refusing(odd)) as (api, kube):
+        with capture_logs() as logs:
+            async with publishing(kube, LatestValue(tree(range(200)))) as publisher:
+                await api.wait_for(lambda a: first in pool_slices(a), what="first slice")
+                await api.wait_for(lambda a: verbs(a)[("create", 422)] == 1, what="a 422")
+                api.delete_slices(f"spec.nodeName={NODE}")  # a wipe: a reason for a pass
+                await api.wait_for(lambda a: first in pool_slices(a), what="first is back")
+                await asyncio.sleep(0.5)  # retries would come every 0.05-0.4 s
+                assert publisher.stats.rejected == 1
+        # The first slice created twice (before and after the wipe), the second refused once
+        # and never sent again.
+        assert verbs(api)[("create", 201)] == 2 and verbs(api)[("create", 422)] == 1
+        assert second not in pool_slices(api)
+        (rejected,) = [e for e in logs if e["event"] == "dra.slices.rejected"]
+        assert rejected["slice"] == second and rejected["devices"] == [odd]
 
 
 # ------------------------------------------------------------------ stopping
