@@ -58,8 +58,8 @@ def dummy(raw, field):
         say("test.load.held", call=len(CALLS))
         sys.stdin.readline()
     if section.get("hold") == "swallow":  # a factory that catches everything, and holds on
-        say("test.load.held", call=len(CALLS))
         try:
+            say("test.load.held", call=len(CALLS))
             sys.stdin.readline()
         except BaseException as exc:
             say("test.load.swallowed", what=type(exc).__name__)

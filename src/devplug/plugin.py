@@ -279,7 +279,10 @@ def run_daemon(
     SIGINT or SIGQUIT; SIGHUP calls ``reload_config`` (None: it only rescans) and applies the
     result (a refused one keeps the running config). A stop signal before the daemon serves
     ends the call without serving. Without ``guard``, the process's (:func:`guard_signals`)
-    is used, or one for the call. While it stops, SIGALRM is the stop's backstop's.
+    is used, or one for the call. While it stops, SIGALRM is the stop's backstop's; when it
+    returns with threads still running that the interpreter's exit would wait for (one a
+    hook started), it stays so until the stop budget's end, which then ends the process
+    (``daemon.threads.abandoned``): call it last, and exit after it, as an entry point does.
 
     Returns the exit status: 0 after an orderly stop (threads still running when the stop
     budget is spent, or when another stop signal comes, are left behind), 2 when the daemon
@@ -320,14 +323,7 @@ def _serve(
 
     import structlog
 
-    from devplug._kits.stopping import (
-        Backstop,
-        StopOutcome,
-        UnlockedStderr,
-        end_overdue,
-        run_within_budget,
-        wait_for_threads,
-    )
+    from devplug._kits.stopping import Backstop, UnlockedStderr, end_overdue, run_within_budget
     from devplug.daemon import Daemon
     from devplug.ops.limits import raise_fd_limit
 
@@ -362,19 +358,15 @@ def _serve(
         return status
 
     try:
-        try:
-            status = asyncio.run(main())
-        except Exception as exc:  # before the daemon ran: building it failed
-            status = _crashed(exc, program)
-        if backstops:
-            backstop = backstops[0]
-            # The interpreter's exit would wait for these (a hook's own thread) without end.
-            if not wait_for_threads(backstop.budget):
-                stopped = StopOutcome(stopped=True, threads_done=False)
-                end_overdue(stopped, backstop.budget, log, status)
-            backstop.disarm()
+        status = asyncio.run(main())
+    except Exception as exc:  # before the daemon ran: building it failed
+        status = _crashed(exc, program)
     finally:
-        guard.finish()
+        # The interpreter's exit waits for every non-daemon thread (one a hook started) for
+        # good: bounded by what is left of the budget, and ended by a stop signal (the guard
+        # keeps passing them to the backstop while it is armed).
+        if not (backstops and backstops[0].bound_exit()):
+            guard.finish()
     return status
 
 

@@ -31,6 +31,7 @@ import ctypes
 import sys
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import structlog
 
@@ -89,6 +90,15 @@ class OwnThread(StaticScanner):
         say("test.thread.started")
 
 
+class OwnExecutor(StaticScanner):
+    def start(self, resource):
+        # An executor of the plugin's own, never shut down: its idle worker ends when the
+        # interpreter exits (concurrent.futures' own exit hook), not before.
+        self.executor = ThreadPoolExecutor(thread_name_prefix="test-pool")
+        self.executor.submit(lambda: None).result()
+        say("test.thread.started")
+
+
 def dummy(raw, field):
     kind = {
         "coroutine": HungCoroutine,
@@ -97,6 +107,7 @@ def dummy(raw, field):
         "blocks_loop": BlocksTheLoop,
         "holds_gil": HoldsTheInterpreter,
         "own_thread": OwnThread,
+        "own_executor": OwnExecutor,
     }
     scanner = kind[raw["stop"]]
     info = DeviceInfo(nodes=(DeviceNode("/dev/null"),))
@@ -322,3 +333,32 @@ async def test_a_thread_a_start_hook_left_running_does_not_keep_the_process_aliv
     assert "stop budget of 3 s" in abandoned["reason"]
     events = [e["event"] for e in plugin.entries()]
     assert events.index("daemon.stopped") < events.index("daemon.threads.abandoned")
+
+
+async def test_an_idle_executor_of_a_hook_ends_with_the_interpreter_not_the_budget(
+    kubelet: KubeletSimulator, kubelet_dir: Path, short_dir: Path
+) -> None:
+    """Its worker is a non-daemon thread too, but one that ends as the interpreter exits: it
+    is not waited for until the budget runs out, nor reported as abandoned."""
+    async with Plugin(short_dir, kubelet_dir, "own_executor", budget_s=600) as plugin:
+        await serving(plugin, kubelet)
+        await plugin.logged("test.thread.started")
+        plugin.signal(signal.SIGTERM)
+        assert await plugin.exit_status() == 0
+    assert plugin.named("daemon.stopped")
+    assert not plugin.named("daemon.threads.abandoned")
+
+
+async def test_a_second_sigterm_ends_the_wait_for_a_thread_a_hook_left_running(
+    kubelet: KubeletSimulator, kubelet_dir: Path, short_dir: Path
+) -> None:
+    async with Plugin(short_dir, kubelet_dir, "own_thread", budget_s=600) as plugin:
+        await serving(plugin, kubelet)
+        await plugin.logged("test.thread.started")
+        plugin.signal(signal.SIGTERM)
+        await plugin.logged("daemon.stopped")
+        plugin.signal(signal.SIGTERM)
+        assert await plugin.exit_status() == 0
+    (abandoned,) = plugin.named("daemon.threads.abandoned")
+    assert abandoned["threads"] == ["test-monitor"]
+    assert abandoned["reason"] == "asked to stop again"

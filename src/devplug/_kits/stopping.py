@@ -8,17 +8,17 @@ each of them does. A second stop request cuts the budget short: whoever asked tw
 the process gone now.
 
 :func:`run_within_budget` runs a process's main coroutine and then waits for the loop's
-worker threads, both within the budget; :func:`wait_for_threads` waits, after the loop, for
-the threads nobody else would bound (a hook's own); :func:`end_overdue` says what still runs
-when it is spent and ends the process (``os._exit``, after the log is flushed): a thread
-cannot be stopped, and nothing else would end a process one keeps alive.
+worker threads, both within the budget; :func:`end_overdue` says what still runs when it is
+spent and ends the process (``os._exit``, after the log is flushed): a thread cannot be
+stopped, and nothing else would end a process one keeps alive.
 
 All of that runs on the event loop, and a stop hook can block the loop (``time.sleep`` in a
 coroutine) or hold the interpreter (a C call that keeps the GIL). The :class:`Backstop` ends
 the process then: an alarm (SIGALRM) whose Python handler runs wherever the main thread is
 stuck in Python code or a system call, and says where; behind it faulthandler's own C
 thread, which needs neither the loop nor the GIL, prints every thread's traceback to stderr
-and exits with status 1.
+and exits with status 1. It also bounds the interpreter's exit, which waits for every
+non-daemon thread (a hook's own) without end (:meth:`Backstop.bound_exit`).
 """
 
 from __future__ import annotations
@@ -173,20 +173,6 @@ async def run_within_budget(
     return StopOutcome(stopped=True, threads_done=threads_done, error=error)
 
 
-def wait_for_threads(budget: StopBudget) -> bool:
-    """Wait, within what is left of ``budget``, for the threads the interpreter's exit would
-    wait for without bound (every non-daemon thread but this one: a thread a hook started
-    itself, say); whether they all ended. Call it after the loop has closed."""
-    current = threading.current_thread()
-    for thread in threading.enumerate():
-        if thread is current or thread.daemon:
-            continue
-        thread.join(budget.remaining())
-        if thread.is_alive():
-            return False
-    return True
-
-
 def stop_reason(budget: StopBudget, asked_again: bool = False) -> str:
     """Why a stop ends before all of it finished, in the words of the log lines."""
     if budget.cut_short or asked_again:
@@ -316,6 +302,23 @@ class Backstop:
         if at_once:
             self._end(frame)
         self.arm(time.monotonic() + LOOP_GRACE_S)
+
+    def bound_exit(self) -> bool:
+        """The loop has closed and the process is about to exit. If threads that the
+        interpreter's exit waits for still run (a thread a hook started), stay armed for the
+        budget's end (no grace: no loop is left to act first) and return True; else disarm.
+
+        The interpreter's exit first runs its own thread exit hooks (an idle executor's
+        workers end there), then waits for the rest: this lets it, and ends the process
+        (``daemon.threads.abandoned``) only if the wait outlasts the budget.
+        """
+        current = threading.current_thread()
+        if not any(t is not current and not t.daemon for t in threading.enumerate()):
+            self.disarm()
+            return False
+        deadline = self.budget.deadline
+        self.arm(time.monotonic() + self.budget.total_s if deadline is None else deadline)
+        return True
 
     def disarm(self) -> None:
         """The process ends on its own: no alarm, no faulthandler, SIGALRM's handler back."""
