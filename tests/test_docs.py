@@ -62,7 +62,7 @@ SETTINGS_MODELS = {
     VfioSettings,
     VfioDeviceEntry,
 }
-SUBCOMMANDS = {"run", "scan", "cdi", "dra", "status", "version"}
+SUBCOMMANDS = {"run", "scan", "capture", "cdi", "dra", "status", "version"}
 
 
 # ------------------------------------------------------------------------ configuration
