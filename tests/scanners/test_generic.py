@@ -4,10 +4,19 @@ from __future__ import annotations
 
 import os
 
+import pytest
+
+from devplug.errors import ConfigError
 from devplug.model import DeviceNode, Health
 from devplug.scanners.generic import GenericScanner
 from devplug.scanners.udev import UdevSource
-from devplug.testing.umockdev import UmockdevHost, add_intel_gpu, add_pci_device, add_usb_serial
+from devplug.testing.umockdev import (
+    MockNode,
+    UmockdevHost,
+    add_intel_gpu,
+    add_pci_device,
+    add_usb_serial,
+)
 
 
 def scanner(*entries: dict[str, object]) -> GenericScanner:
@@ -186,3 +195,49 @@ def test_each_subsystem_is_enumerated_once_and_matched_entry_by_entry(
     assert len(tree["example.com/cards"]) == 4 and len(tree["example.com/tty"]) == 4
     assert list(tree["example.com/ftdi"]) == ["ttyUSB0"]
     assert list(tree["example.com/nodes"]) == ["ttyUSB1"]
+
+
+def test_attributes_may_name_paths_below_the_device_dir(host: UmockdevHost) -> None:
+    """Issue 25 review: UdevDevice.attribute takes sub-paths (``queue/rotational``,
+    ``device/vendor`` through sysfs's link to the parent), but the generic config refused
+    them as not plain file names."""
+    add_pci_device(host, "0000:00:1f.0", vendor="0x8086", device="0x1234", driver=None)
+    for index, rotational in ((0, "0"), (1, "1")):
+        host.add_device(
+            f"/sys/devices/virtual/block/loop{index}",
+            "block",
+            attributes={"queue/rotational": f"{rotational}\n"},
+            links={"device": "../../../pci0000:00/0000:00:1f.0"},
+            node=MockNode(f"loop{index}", 7, index, "b"),
+        )
+    tree = scanner(
+        {
+            "resource": "example.com/ssd",
+            "match": {
+                "subsystem": "block",
+                "attributes": {"queue/rotational": "0", "device/vendor": "0x8086"},
+            },
+        }
+    ).scan(UdevSource())
+    assert list(tree["example.com/ssd"]) == ["loop0"]
+
+
+@pytest.mark.parametrize(
+    ("bad", "why"),
+    [
+        ("", "empty"),
+        ("/sys/class/net/eth0/address", "absolute"),
+        ("../0000:00:1f.0/vendor", "'..'"),
+        ("queue//rotational", "empty"),
+        ("vendor\0", "NUL"),
+    ],
+)
+def test_an_attribute_name_that_leaves_the_device_dir_is_a_config_error(bad: str, why: str) -> None:
+    with pytest.raises(ConfigError) as refused:
+        scanner(
+            {"resource": "example.com/x", "match": {"subsystem": "block", "attributes": {bad: "0"}}}
+        )
+    message = str(refused.value)
+    assert message.startswith("scanners.generic[0].match.attributes: attribute names are paths")
+    assert "'queue/rotational'" in message  # the fix, by example
+    assert repr(bad) in message and why in message

@@ -26,7 +26,7 @@ from devplug.errors import ConfigError
 from devplug.model import DeviceInfo, DeviceNode, DeviceTree, DeviceTreeBuilder, Health
 from devplug.naming import MAX_DEVICE_ID, sanitize_device_id, validate_resource_name
 from devplug.scanners.incremental import RemovedPaths, SourceIndex, TouchedPaths, TreeEdit
-from devplug.scanners.udev import UdevDevice, UdevEvent, UdevSource
+from devplug.scanners.udev import UdevDevice, UdevEvent, UdevSource, sub_path_problem
 
 log = structlog.get_logger(__name__)
 
@@ -50,10 +50,16 @@ class GenericMatch(StrictModel):
 
     @field_validator("attributes")
     @classmethod
-    def _plain_names(cls, value: dict[str, str]) -> dict[str, str]:
+    def _sub_paths(cls, value: dict[str, str]) -> dict[str, str]:
+        # The rule UdevDevice.attribute applies when the scan reads them, checked here so a
+        # bad name is a config error at start, not a failed scan.
         for name in value:
-            if not name or "/" in name or "\0" in name or name in (".", ".."):
-                raise ValueError(f"attribute names are plain sysfs file names, got {name!r}")
+            problem = sub_path_problem(name)
+            if problem is not None:
+                raise ValueError(
+                    "attribute names are paths relative to the device's sysfs dir, such as "
+                    f"'vendor', 'queue/rotational' or 'device/vendor'; got {name!r}: {problem}"
+                )
         return value
 
     @model_validator(mode="after")

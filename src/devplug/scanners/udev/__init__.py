@@ -19,6 +19,7 @@ from devplug.scanners.udev.device import (
     UdevDevice,
     is_sys_device_path,
     node_path_problem,
+    sub_path_problem,
 )
 from devplug.scanners.udev.monitor import (
     MONITOR_BUFFER_BYTES,
@@ -43,4 +44,5 @@ __all__ = [
     "UdevSource",
     "is_sys_device_path",
     "node_path_problem",
+    "sub_path_problem",
 ]
