@@ -18,6 +18,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from devplug.cli.scrub import Scrubber
+from devplug.scanners.udev.snapshot import DeviceSnapshot
 from devplug.testing.mockhost import PRESETS, build_mock_host
 from devplug.testing.umockdev import (
     RecordedDevice,
@@ -257,6 +259,37 @@ def test_ids_made_from_a_scrubbed_value_are_named_and_kept_with_keep(short_dir: 
     assert MAC.encode() not in kept.read_bytes()  # what --keep does not name is still scrubbed
 
 
+def test_scrubbing_takes_identifying_values_only_and_the_same_way_each_time() -> None:
+    def nic(name: str, address: str) -> DeviceSnapshot:
+        return DeviceSnapshot(
+            f"/sys/devices/virtual/net/{name}",
+            {"INTERFACE": name, "SUBSYSTEM": "net"},
+            {
+                "address": f"{address}\n".encode(),
+                "addr_len": b"6\n",
+                "addr_assign_type": b"0\n",
+                "broadcast": b"ff:ff:ff:ff:ff:ff\n",
+            },
+            {},
+        )
+
+    # Two interfaces that share an address (a bond's members), and the loopback's zeros.
+    devices = [nic("eth0", MAC), nic("eth1", MAC), nic("lo", "00:00:00:00:00:00")]
+    records = []
+    for _ in range(2):
+        scrubber = Scrubber()
+        scrubber.collect(devices)
+        records.append(format_record(scrubber.device(d) for d in devices))
+    assert records[0] == records[1]
+    eth0, eth1, lo = parse_record(records[0].encode())
+    assert eth0.attributes["address"] == eth1.attributes["address"] != f"{MAC}\n".encode()
+    assert lo.attributes["address"] == b"00:00:00:00:00:00\n"
+    for device in (eth0, lo):
+        assert device.attributes["addr_len"] == b"6\n"
+        assert device.attributes["addr_assign_type"] == b"0\n"
+        assert device.attributes["broadcast"] == b"ff:ff:ff:ff:ff:ff\n"
+
+
 # ---------------------------------------------------------------------------------- hostile records
 
 GOOD = "P: /devices/virtual/mem/x\nN: x\nE: SUBSYSTEM=mem\nE: MAJOR=1\nE: MINOR=3\n"
@@ -412,6 +445,11 @@ def test_a_record_in_umockdev_records_style_is_the_host_it_describes(host: Umock
         assert config.read() == bytes.fromhex("8680A056")
     with open("/sys/devices/pci0000:00/0000:00:02.0/drm/card0/dev", "rb") as dev:
         assert dev.read() == b"226:0\n"
+
+
+def test_an_empty_record_is_a_host_without_devices() -> None:
+    assert parse_record(b"") == []
+    assert format_record([]) == ""
 
 
 @given(st.binary(max_size=300))

@@ -3,10 +3,12 @@ identify a machine or its owner with placeholders before a record leaves the hos
 
 What counts as identifying: the value of a udev property whose name has one of the words
 SERIAL, UUID, GUID, WWN, WWID, EUI, LABEL, MAC, HOSTNAME or NODENAME (``ID_SERIAL_SHORT``,
-``ID_FS_UUID``, ``ID_NET_NAME_MAC``), and the text of a sysfs attribute file whose name has
-one of the words serial, uuid, guid, nguid, wwid, wwn, eui, address, addr, mac, hostname or
-asset (``serial``, ``address``, ``perm_addr``, ``product_uuid``). ``keep`` names properties
-and attributes to leave alone.
+``ID_FS_UUID``, ``ID_NET_NAME_MAC``), and the text of a sysfs attribute file named
+``address``, ``perm_addr``, ``mac_address``, ``hostname``, ``unique_id`` or ``phys_port_id``,
+or whose name ends in serial, uuid, guid, nguid, wwid, wwn, eui, eui64, serial_number or
+asset_tag (``serial``, ``board_serial``, ``product_uuid``). A value with fewer than two
+different letters or digits (``0``, an all-zero MAC address) identifies nothing and stays.
+``keep`` names properties and attributes to leave alone.
 
 Each value is replaced by one placeholder wherever it is found, so relations between
 devices survive: the same input gives the same placeholder (numbered in the order first found,
@@ -30,22 +32,17 @@ from devplug.testing.umockdev.record import RecordedDevice
 IDENTIFYING_PROPERTY_WORDS: Final = frozenset(
     {"SERIAL", "UUID", "GUID", "WWN", "WWID", "EUI", "LABEL", "MAC", "HOSTNAME", "NODENAME"}
 )
-IDENTIFYING_ATTRIBUTE_WORDS: Final = frozenset(
-    {
-        "serial",
-        "uuid",
-        "guid",
-        "nguid",
-        "wwid",
-        "wwn",
-        "eui",
-        "address",
-        "addr",
-        "mac",
-        "hostname",
-        "asset",
-    }
+# Attribute files by name, and by the last word of their name (``board_serial``,
+# ``product_uuid``): not every word will do, ``addr_len`` and ``addr_assign_type`` are no
+# address.
+IDENTIFYING_ATTRIBUTES: Final = frozenset(
+    {"address", "perm_addr", "mac_address", "hostname", "unique_id", "phys_port_id"}
 )
+IDENTIFYING_ATTRIBUTE_ENDINGS: Final = frozenset(
+    {"serial", "uuid", "guid", "nguid", "wwid", "wwn", "eui", "eui64", "number", "tag"}
+)
+# ``serial_number``, ``board_asset_tag``: the ending alone (``number``, ``tag``) is too wide.
+_ENDING_NEEDS: Final = {"number": "serial_number", "tag": "asset_tag"}
 # Values this long or longer are also replaced where they stand as a word in other text.
 MIN_PROPAGATED: Final = 6
 _WORD_SPLIT: Final = re.compile(r"[^A-Za-z0-9]+")
@@ -62,7 +59,18 @@ def is_identifying_property(key: str) -> bool:
 
 def is_identifying_attribute(name: str) -> bool:
     base = name.rsplit("/", 1)[-1].lower()
-    return any(word in IDENTIFYING_ATTRIBUTE_WORDS for word in _WORD_SPLIT.split(base))
+    if base in IDENTIFYING_ATTRIBUTES:
+        return True
+    ending = _WORD_SPLIT.split(base)[-1]
+    if ending not in IDENTIFYING_ATTRIBUTE_ENDINGS:
+        return False
+    return ending not in _ENDING_NEEDS or base.endswith(_ENDING_NEEDS[ending])
+
+
+def is_trivial(value: str) -> bool:
+    """A value that identifies nothing: fewer than two different letters or digits
+    (``0``, ``00:00:00:00:00:00``, ``ff:ff:ff:ff:ff:ff``)."""
+    return len({c for c in value.lower() if c.isalnum()}) < 2
 
 
 class Scrubber:
@@ -115,7 +123,7 @@ class Scrubber:
         return kept
 
     def _add(self, value: str, name: str, kept: set[str]) -> None:
-        if not value or value in kept:
+        if is_trivial(value) or value in kept:
             return
         self.found_under.setdefault(value, set()).add(name)
         if value in self.placeholders:

@@ -204,8 +204,6 @@ def parse_record(data: bytes, *, source: str = "record") -> list[RecordedDevice]
                 raise RecordError(f"{source} line {number}: more than {MAX_DEVICES} devices")
     if block:
         devices.append(_parse_device(block, source))
-    if not devices:
-        raise RecordError(f"{source}: no devices (a record starts with a 'P: /devices/...' line)")
     _check_paths(devices, source)
     return devices
 
