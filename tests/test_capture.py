@@ -221,7 +221,9 @@ def test_serials_and_addresses_are_scrubbed_and_relations_kept(short_dir: Path) 
     host = _identified_host(short_dir)
     config = _serial_config(short_dir)
     record = short_dir / "scrubbed.umockdev"
-    capture(config, record, environment(testbed=host.root))
+    said = capture(config, record, environment(testbed=host.root))
+    # The serial, the MAC address, and the interface name made of it (ID_NET_NAME_MAC).
+    assert "3 identifying values scrubbed" in said
     data = record.read_bytes()
     for planted in (SERIAL, MAC, MAC.replace(":", ""), "525400ABCDEF"):
         assert planted.encode() not in data, planted

@@ -68,7 +68,7 @@ def capture(
     where = "stdout" if to_stdout else str(output)
     print(
         f"{program}: captured {len(devices)} devices ({watched}, and the devices above them) to "
-        f"{where}; {len(scrubber.placeholders)} identifying values scrubbed",
+        f"{where}; {scrubber.scrubbed} identifying values scrubbed",
         file=sys.stderr,
     )
     _say_what_replay_changes(program, scanners, scrubber)

@@ -82,6 +82,8 @@ class Scrubber:
         self.placeholders: dict[str, str] = {}
         #: identifying value -> the property and attribute names it was found under
         self.found_under: dict[str, set[str]] = {}
+        # The colon-less spellings of MAC addresses: placeholders, but not values found.
+        self._spellings: set[str] = set()
         self._pattern: re.Pattern[str] | None = None
         self._bytes_pattern: re.Pattern[bytes] | None = None
 
@@ -135,6 +137,12 @@ class Scrubber:
             if bare not in kept and bare not in self.placeholders:
                 self.placeholders[bare] = self.placeholders[value].replace(":", "")
                 self.found_under.setdefault(bare, set()).add(name)
+                self._spellings.add(bare)
+
+    @property
+    def scrubbed(self) -> int:
+        """How many identifying values were found (a MAC address counts once)."""
+        return len(self.placeholders) - len(self._spellings)
 
     # ------------------------------------------------------------------ replacing
 
