@@ -6,7 +6,9 @@
 - :mod:`devplug.cdi` follows it and keeps the CDI spec files in line with it;
 - :mod:`devplug.dra` (with a ``dra`` section) follows it and serves the resources the section
   names through DRA: ResourceSlices and the kubelet DRA plugin; the servers leave them out;
-- :mod:`devplug.ops` counts, answers probes and talks to systemd.
+- :mod:`devplug.ops` counts, answers probes, talks to systemd and takes the operator's
+  commands on a local socket (cordons: the health gate in :mod:`devplug.hotplug` applies them
+  to the advertised tree, so every front follows them).
 
 They meet only here, and no tree passes through here: each front follows the published value
 and works out its own diff. After each publication the scan loop waits until the kubelet
@@ -39,6 +41,8 @@ from devplug._kits.values import LatestValue, Watchable
 from devplug.cdi.allocate import CdiCatalog, CdiNames, CdiOptions
 from devplug.config import Settings, parse_address
 from devplug.errors import ConfigError
+from devplug.hotplug.cordon_requests import CordonRequests
+from devplug.hotplug.cordons import STATE_SUFFIX, CordonBook
 from devplug.hotplug.health import HealthGate
 from devplug.hotplug.listener import (
     UDEV_CONTROL,
@@ -55,6 +59,7 @@ from devplug.kubelet.registration import KubeletDirWatcher
 from devplug.kubelet.server import DEFAULT_TIMING, ServerTiming
 from devplug.kubelet.servers import ResourceServers
 from devplug.model import ContainerAllocation, DeviceTree
+from devplug.ops.control import ControlChannel, control_dir, socket_path
 from devplug.ops.http import StatusEndpoint
 from devplug.ops.metrics import Metrics
 from devplug.ops.systemd import SystemdNotifier
@@ -112,6 +117,7 @@ class Daemon:
         freeze_gc: bool = False,
         notifier: SystemdNotifier | None = None,
         config_loader: ConfigLoader | None = None,
+        name: str = "devplug",
     ) -> None:
         self.settings = settings
         self._udev_control = udev_control
@@ -131,6 +137,9 @@ class Daemon:
         self._stopped = False  # run() has returned after an orderly stop
 
         hotplug = settings.hotplug
+        # The operator's cordons, kept beside the sockets (the program's ``name`` keeps two
+        # daemons on a node apart); the health gate applies them to the advertised tree.
+        self.cordons = CordonBook(control_dir(settings.kubelet_dir) / f"{name}{STATE_SUFFIX}")
         listener = UeventListener(
             choose_source(hotplug.source, udev_control),
             event_subsystems(scanners),
@@ -140,7 +149,7 @@ class Daemon:
         self.scan_loop = ScanLoop(
             ScanRunner(scanners),
             listener,
-            HealthGate(hotplug.health_hold_down_s),
+            HealthGate(hotplug.health_hold_down_s, cordons=self.cordons),
             hotplug,
             delivered=self._delivered,
             observe=self._scanned,
@@ -150,6 +159,13 @@ class Daemon:
         )
 
         self.watcher = KubeletDirWatcher(settings.kubelet_dir)
+        # devplug cordon, uncordon and status's cordons, on a socket beside the plugins'.
+        self.control = ControlChannel(
+            socket_path(settings.kubelet_dir, name),
+            CordonRequests(self.cordons, self.scan_loop, name).handle,
+            changes=self.watcher.changes,
+            on_listening=self.cordons.restore_file,
+        )
         cdi = settings.cdi
         # What the spec files on disk define, shared by the CDI task and every servicer.
         self.cdi_catalog = CdiCatalog(on_change=self._cdi_changed)
@@ -266,6 +282,7 @@ class Daemon:
             kubelet_dir=str(self.settings.kubelet_dir),
             scanners=[s.name for s in self.scan_loop.runner.scanners],
         )
+        await self.cordons.load()  # before the first scan, which they apply to
         async with asyncio.TaskGroup() as group, contextlib.AsyncExitStack() as parts:
             if self.settings.cdi.enabled:
                 parts.push_async_callback(self._close_cdi)  # after its task has stopped
@@ -289,6 +306,8 @@ class Daemon:
                 running(group, self.holders.run(self.stats), name="pod-resources")
             )
             await parts.enter_async_context(running(group, self.scan_loop.run(), name="scan-loop"))
+            # After the scan loop it changes (and stopped before it).
+            await parts.enter_async_context(running(group, self.control.run(), name="control"))
             parts.callback(self.systemd.close)
             await parts.enter_async_context(
                 running(group, self.systemd.watchdog(), name="systemd-watchdog")
@@ -487,6 +506,8 @@ class Daemon:
         """Apply a new config's scanners and hotplug settings; the full scan that follows
         makes resources (and their hooks) follow. Settings a running daemon cannot change are
         reported, not applied."""
+        # Whatever the config: a state file that could not be read may have been fixed.
+        await self.cordons.reread()
         if self._config_loader is None:
             return
         try:

@@ -1,8 +1,10 @@
 """Command line: ``devplug run | scan | capture | cdi generate | dra deviceclasses | status |
-version``, and the same command line for a plugin author's own entry point (:func:`serve`).
+cordon | uncordon | version``, and the same command line for a plugin author's own entry point
+(:func:`serve`).
 
 May use every room below it: the composition (:mod:`devplug.plugin`), the fronts its commands
-run (``scan``, ``cdi generate``, ``dra deviceclasses``, ``status``), the scanners, config, the
+run (``scan``, ``cdi generate``, ``dra deviceclasses``, ``status``) or talk to (``cordon``,
+``uncordon``: the daemon's control channel), the scanners, config, the
 model and the kits, and the test tools' umockdev testbeds (:mod:`devplug.testing.umockdev`),
 which ``capture`` writes records for and ``scan --replay`` builds. grpc and protobuf only in
 the status client (:mod:`.status`), which asks the kubelet-facing sockets what is registered.
@@ -119,6 +121,16 @@ def _main(
             args.timeout,
             pods=args.pods or args.pod_resources_socket is not None,
             pod_resources_socket=args.pod_resources_socket,
+        )
+    if args.command in ("cordon", "uncordon"):
+        from devplug.cli.cordon import cordon_command, uncordon_command
+
+        if args.command == "cordon":
+            return cordon_command(
+                program, args.kubelet_dir, args.resource, args.device_id, args.reason, args.timeout
+            )
+        return uncordon_command(
+            program, args.kubelet_dir, args.resource, args.device_id, args.timeout
         )
     if args.command == "dra":
         from devplug.cli.dra import deviceclasses_main

@@ -36,6 +36,7 @@ VALUED = frozenset(
         "--replay",
         "--keep",
         "--pod-resources-socket",
+        "--reason",
     }
 )
 # Commands whose own commands follow them (``cdi generate``, ``dra deviceclasses``).

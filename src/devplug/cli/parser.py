@@ -43,6 +43,10 @@ _EXITS = {
     "or configuration; 130 interrupted",
     "deviceclasses": "0 printed; 2 bad usage or configuration (no dra section, or a resource "
     "no selector could find)",
+    "cordon": "0 cordoned, or it was already; 1 the daemon refused (an unknown resource or id, "
+    "its state file) or no daemon answered; 2 bad usage; 130 interrupted",
+    "uncordon": "0 uncordoned, or it was not cordoned; 1 the daemon refused (an unknown resource "
+    "or id, its state file) or no daemon answered; 2 bad usage; 130 interrupted",
     "version": "0",
 }
 
@@ -262,5 +266,41 @@ def build_parser(
         help="the kubelet's pod resources socket, for --pods (default "
         "pod-resources/kubelet.sock beside the kubelet dir)",
     )
+    for name, summary in (
+        (
+            "cordon",
+            "take a device out of service: the running daemon advertises it Unhealthy with the "
+            "reason and Allocate refuses it, until uncordoned (kept across restarts)",
+        ),
+        (
+            "uncordon",
+            "put a cordoned device back into service (advertised Healthy once it has been "
+            "healthy for the health hold-down)",
+        ),
+    ):
+        change = command(name, summary)
+        change.add_argument("resource", metavar="RESOURCE", help="e.g. gpu.intel.com/i915")
+        change.add_argument("device_id", metavar="ID", help="the device's id, as status lists it")
+        if name == "cordon":
+            change.add_argument(
+                "--reason",
+                required=True,
+                metavar="TEXT",
+                help="why (shown by status, the logs and Allocate's refusal; one line, at most "
+                "200 characters)",
+            )
+        change.add_argument(
+            "--kubelet-dir",
+            type=Path,
+            help="device plugin dir the daemon serves in (default $DEVPLUG_KUBELET_DIR or "
+            "/var/lib/kubelet/device-plugins)",
+        )
+        change.add_argument(
+            "--timeout",
+            type=positive_seconds,
+            default=10.0,
+            metavar="SECONDS",
+            help="for the daemon's answer (default 10)",
+        )
     command("version", "print the version")
     return parser

@@ -10,7 +10,9 @@ With ``--pods`` (:mod:`devplug.cli.holders`) it also reads the kubelet's pod res
 and lists each device of devplug's resources with the containers that hold it.
 
 The DRA drivers in the kubelet's plugin registry, and the claims devplug's driver has prepared,
-are listed after the plugins (:mod:`devplug.cli.dra_status`).
+are listed after the plugins (:mod:`devplug.cli.dra_status`); so are the devices an operator
+cordoned, with why and since when, asked of each devplug daemon's control socket: with
+``--pods``, a cordoned device no pod holds any more is ``drained`` (:mod:`devplug.cli.cordon`).
 
 Nor does a socket say whether its plugin is registered. What status can see is the kubelet's
 own socket: without a kubelet listening on ``kubelet.sock`` no plugin can be registered, so a
@@ -35,6 +37,14 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from devplug._kits.printable import escaped
+from devplug.cli.cordon import (
+    beside_cordons,
+    cordon_rows,
+    cordons_document,
+    cordons_table,
+    holders_by_device,
+    kubelet_dir_of,
+)
 from devplug.cli.dra_status import beside_dra, dra_document, dra_table
 from devplug.cli.holders import (
     Listed,
@@ -222,22 +232,21 @@ def status_command(
 ) -> int:
     """``devplug status``: 0 when every plugin answered, 1 when one did not or the dir cannot
     be read, or (``pods``) the pod resources API did not answer."""
-    from devplug.config import DEFAULT_KUBELET_DIR
     from devplug.kubelet.podresources import default_socket
 
     quiet_grpc_core()  # before grpc loads (in probe)
-    source = "--kubelet-dir"
-    if kubelet_dir is None:
-        from_env = os.environ.get("DEVPLUG_KUBELET_DIR")
-        source = "DEVPLUG_KUBELET_DIR" if from_env else "the kubelet dir"
-        kubelet_dir = Path(from_env or DEFAULT_KUBELET_DIR)
+    kubelet_dir, source = kubelet_dir_of(kubelet_dir)
     if kubelet_dir.exists() and not kubelet_dir.is_dir():
         print(f"devplug: {source}: {kubelet_dir} is not a directory", file=sys.stderr)
         return 2
     socket = pod_resources_socket or default_socket(kubelet_dir.absolute())
     try:
-        (kubelet, plugins, holders), dra = asyncio.run(
-            beside_dra(survey_all(kubelet_dir, timeout, socket, pods), kubelet_dir, timeout)
+        ((kubelet, plugins, holders), dra), daemons = asyncio.run(
+            beside_cordons(
+                beside_dra(survey_all(kubelet_dir, timeout, socket, pods), kubelet_dir, timeout),
+                kubelet_dir,
+                timeout,
+            )
         )
     except OSError as exc:
         print(f"devplug: cannot read {kubelet_dir}: {exc.strerror or exc}", file=sys.stderr)
@@ -245,6 +254,7 @@ def status_command(
     failed = any(plugin.error is not None for plugin in plugins)
     failed |= any(driver.error is not None for driver in dra)
     failed |= holders is not None and not holders.available
+    cordons = cordon_rows(daemons, holders_by_device(holders))
     if output in ("json", "yaml"):
         listed = [plugin_document(p, kubelet, holders) for p in plugins]
         document: dict[str, object] = {
@@ -255,6 +265,7 @@ def status_command(
         if holders is not None:
             document["pod_resources"] = holders.document()
         document["dra"] = [dra_document(driver) for driver in dra]
+        document["cordons"] = cordons_document(cordons, daemons)
         if output == "json":
             sys.stdout.write(json.dumps(document, indent=2) + "\n")
         else:
@@ -272,6 +283,9 @@ def status_command(
             sys.stdout.write("\n" + devices_table(holders))
     if dra and output not in ("json", "yaml"):
         sys.stdout.write("\n" + dra_table(dra))
+    said = cordons_table(cordons, daemons)
+    if said and output not in ("json", "yaml"):
+        sys.stdout.write("\n" + said)
     return 1 if failed else 0
 
 

@@ -5,13 +5,19 @@ A device that recovers is reported Healthy only after it has stayed healthy for 
 time; until then it is still advertised Unhealthy, with a reason saying so. A device that
 flaps faster than the hold-down therefore costs the kubelet one update, not one per flap.
 Added and removed devices are never held: only health is debounced.
+
+The operator's cordons (:mod:`.cordons`) are applied here too, where the advertised tree is
+made, so that every front follows them: a cordoned device is Unhealthy at once, its reason
+``cordoned: <reason>``, and once the cordon is lifted it is held down like any device that
+recovered. While the cordons cannot be read, every device is held, the reason naming the file.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
+from typing import Protocol
 
 import structlog
 
@@ -23,6 +29,19 @@ _Key = tuple[str, str]
 # One resource's edit since the tree gated last: the ids gone or re-read, the ids put in.
 _Edit = tuple[frozenset[str], frozenset[str]]
 CLOCK_SLACK_S = 0.001
+
+
+class CordonView(Protocol):
+    """What the gate reads of the operator's cordons (:class:`.cordons.CordonBook`)."""
+
+    def reason(self, resource: str, device_id: str) -> str | None: ...
+
+    def keys(self) -> Collection[tuple[str, str]]: ...
+
+    @property
+    def blanket(self) -> str | None:
+        """Every device's reason to be held (the cordons cannot be read), or None."""
+        ...
 
 
 def _pairs(held: Mapping[str, Mapping[str, DeviceInfo]]) -> list[_Key]:
@@ -38,9 +57,22 @@ class HealthGate:
     held, so it is published as it was, as reported. Any other tree gets a full pass.
     """
 
-    def __init__(self, hold_down_s: float, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        hold_down_s: float,
+        clock: Callable[[], float] = time.monotonic,
+        cordons: CordonView | None = None,
+    ) -> None:
         self.hold_down_s = hold_down_s
         self._clock = clock
+        self.cordons = cordons
+        # The devices cordoned when the gate ran last (a lifted cordon is judged once more),
+        # whether every device was held then, and the devices held down since a cordon was
+        # lifted (their reason says so).
+        self._cordoned: frozenset[_Key] = frozenset()
+        self._blanket_last = False
+        self._uncordoned: set[_Key] = set()
+        self._rejudged: frozenset[_Key] = frozenset()
         self._published: dict[_Key, Health] = {}
         # Devices advertised Unhealthy whose scanner says healthy: since when, and why they
         # were unhealthy (kept in the reason while they are held down).
@@ -65,7 +97,10 @@ class HealthGate:
     def gate(self, raw: DeviceTree) -> DeviceTree:
         """The tree to advertise for the scanners' ``raw`` tree, at the current time."""
         now = self._clock()
-        edits = self._edits_since_last(raw)
+        blanket = self._note_cordons()
+        # Every device held, or every device released from that: every device changes.
+        edits = None if blanket or self._blanket_last else self._edits_since_last(raw)
+        self._blanket_last = blanket
         last_raw, self._last_raw = self._last_raw, raw
         last = self._last_gated
         if edits is None or last is None or last_raw is None:
@@ -78,6 +113,18 @@ class HealthGate:
         self._last_gated = gated
         self._last_held = {resource: frozenset(ids) for resource, ids in held.items()}
         return gated
+
+    def _note_cordons(self) -> bool:
+        """Take the cordons as they are now; whether every device is held."""
+        cordons = self.cordons
+        now = frozenset(cordons.keys()) if cordons is not None else frozenset()
+        for key in self._cordoned - now:
+            if self._published.get(key) is Health.UNHEALTHY:
+                self._uncordoned.add(key)
+        # Judged this time: those cordoned now, and those whose cordon was just lifted.
+        self._rejudged = self._cordoned | now
+        self._cordoned = now
+        return cordons is not None and cordons.blanket is not None
 
     def _edited_tree(
         self,
@@ -158,6 +205,7 @@ class HealthGate:
             del self._healthy_since[key]
         for key in self._last_reason.keys() - published.keys():
             del self._last_reason[key]
+        self._uncordoned &= published.keys()
         self._published = published
         return held
 
@@ -173,12 +221,16 @@ class HealthGate:
                 published.pop(key, None)
                 self._healthy_since.pop(key, None)
                 self._last_reason.pop(key, None)
+                self._uncordoned.discard(key)
         judged = {(resource, i) for resource, (_, added) in edits.items() for i in added}
         judged.update(self._healthy_since)
+        judged.update(self._rejudged)
         held: dict[str, dict[str, DeviceInfo]] = {}
         for key in judged:
             resource, device_id = key
-            info = raw[resource][device_id]
+            info = raw.get(resource, {}).get(device_id)
+            if info is None:
+                continue  # a cordoned device that is not there
             out = self._judge(key, info, published.get(key), now)
             published[key] = out.health
             if out is not info:
@@ -189,8 +241,10 @@ class HealthGate:
         """What to publish of one device the scanner reports as ``info``, given what was
         published of it before: ``info`` itself, or it held down (Unhealthy) for a while."""
         resource, device_id = key
+        info = self._cordoned_info(key, info)
         health = info.health
         if health is Health.UNHEALTHY:
+            self._uncordoned.discard(key)
             self._healthy_since.pop(key, None)
             self._last_reason[key] = info.health_reason
             if before is not Health.UNHEALTHY:
@@ -210,6 +264,7 @@ class HealthGate:
         if now - since >= self.hold_down_s - CLOCK_SLACK_S:
             del self._healthy_since[key]
             self._last_reason.pop(key, None)
+            self._uncordoned.discard(key)
             log.info(
                 "device.health.changed",
                 resource=resource,
@@ -225,9 +280,25 @@ class HealthGate:
                 device=device_id,
                 hold_down_s=self.hold_down_s,
             )
-        cause = self._last_reason.get(key) or "unhealthy"
-        return dataclasses.replace(
-            info,
-            health=Health.UNHEALTHY,
-            health_reason=f"{cause}; recovered, held down until healthy for {self.hold_down_s:g}s",
-        )
+        if key in self._uncordoned:
+            reason = f"uncordoned; held down until healthy for {self.hold_down_s:g}s"
+        else:
+            cause = self._last_reason.get(key) or "unhealthy"
+            reason = f"{cause}; recovered, held down until healthy for {self.hold_down_s:g}s"
+        return dataclasses.replace(info, health=Health.UNHEALTHY, health_reason=reason)
+
+    def _cordoned_info(self, key: _Key, info: DeviceInfo) -> DeviceInfo:
+        """``info`` as the cordons have it: Unhealthy with their reason (the scanner's, if it
+        has one, after it) when the device is cordoned or every device is held."""
+        cordons = self.cordons
+        if cordons is None:
+            return info
+        reason = cordons.blanket
+        if reason is None:
+            cordon = cordons.reason(*key)
+            if cordon is None:
+                return info
+            reason = f"cordoned: {cordon}"
+        if not info.healthy and info.health_reason:
+            reason = f"{reason}; {info.health_reason}"
+        return dataclasses.replace(info, health=Health.UNHEALTHY, health_reason=reason)

@@ -4,9 +4,9 @@ A full scan at start, then: udev events (read by the listener on the loop) -> in
 rescans, coalesced over the burst (until no datagram came for QUIET_GAP_S, for
 hotplug.coalesce_ms at most); the resync period (the poll period while no monitor can be
 opened) -> a full scan; a request (SIGHUP, tests) -> a full scan; a health hold-down that
-ends -> the gate's new view, without a rescan; a scanner that failed -> a full scan again after
-a back-off (0.5 s doubling to 30 s; its previous result is advertised meanwhile). Nothing
-wakes the loop otherwise.
+ends, or an operator's cordon put or lifted (:meth:`ScanLoop.regate`) -> the gate's new view,
+without a rescan; a scanner that failed -> a full scan again after a back-off (0.5 s doubling
+to 30 s; its previous result is advertised meanwhile). Nothing wakes the loop otherwise.
 
 Each result goes through the health gate and is published as one value,
 :attr:`ScanLoop.advertised` (an :class:`Advertised`: the tree and, per resource, its scanner).
@@ -165,6 +165,23 @@ class ScanLoop:
     async def rescan(self) -> None:
         """Scan fully now and publish the result (tests, SIGHUP, the periodic resync)."""
         await self._scan_and_publish(None)
+
+    @property
+    def scanned(self) -> DeviceTree:
+        """What the scanners found last (before the health gate): every device there is."""
+        return self._raw
+
+    async def regate(self) -> None:
+        """Gate the scanners' last tree again and publish it, without a rescan (the operator
+        cordoned a device, or lifted a cordon); returns once it is delivered. Before the
+        first scan there is nothing to publish: that scan is gated as things are then."""
+        if not self.first_scan_done.is_set():
+            return
+        await self._publish_health()
+        if self.health.next_deadline() is not None:
+            # A hold-down began (a lifted cordon): the loop, parked until its own deadlines,
+            # must learn of this one.
+            self.wake()
 
     async def _scan_and_publish(self, events: Sequence[UdevEvent] | None) -> None:
         """A scan (incremental for ``events``, else full), published."""

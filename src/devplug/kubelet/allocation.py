@@ -18,15 +18,27 @@ MAX_IDS_IN_MESSAGE = 10
 # The ids' part of a message, in ASCII characters: the message travels percent-encoded in a
 # gRPC trailer, and one past 8 KiB makes a C-core client see RESOURCE_EXHAUSTED instead.
 MAX_ID_LIST_CHARS = 1200
+# Of an unhealthy device's reason (a cordon's, a scanner's), what a refusal quotes.
+MAX_REASON_IN_MESSAGE = 120
 
 
-def _id_list(ids: Sequence[str]) -> str:
+def _id_list(ids: Sequence[str], reasons_of: Mapping[str, DeviceInfo] | None = None) -> str:
+    """The first ids, quoted; with ``reasons_of``, each with its health reason (why it is
+    unhealthy: "cordoned: ...", a scanner's), which the operator of the failed pod needs."""
     # ascii(): escapes non-ASCII, so the size in bytes is the size in characters.
-    shown = ", ".join(ascii(i[:80]) for i in ids[:MAX_IDS_IN_MESSAGE])
+    shown = ", ".join(ascii(i[:80]) + _reason(reasons_of, i) for i in ids[:MAX_IDS_IN_MESSAGE])
     if len(shown) > MAX_ID_LIST_CHARS:
         shown = shown[:MAX_ID_LIST_CHARS] + "..."
     more = len(ids) - MAX_IDS_IN_MESSAGE
     return shown + (f" and {more} more" if more > 0 else "")
+
+
+def _reason(devices: Mapping[str, DeviceInfo] | None, device_id: str) -> str:
+    info = None if devices is None else devices.get(device_id)
+    if info is None or not info.health_reason:
+        return ""
+    text = info.health_reason[:MAX_REASON_IN_MESSAGE]
+    return f" ({text.encode('ascii', 'backslashreplace').decode()})"
 
 
 # Containers in one Allocate: the kubelet sends one per call, and a pod has at most dozens.
@@ -125,7 +137,9 @@ def check_request(
     if unhealthy:
         unhealthy = list(dict.fromkeys(unhealthy))
         raise AllocationError(
-            "invalid", f"{resource}: unhealthy device ids: {_id_list(unhealthy)}", tuple(unhealthy)
+            "invalid",
+            f"{resource}: unhealthy device ids: {_id_list(unhealthy, devices)}",
+            tuple(unhealthy),
         )
 
 

@@ -1,0 +1,437 @@
+"""The daemon's local control channel: a unix socket for an operator's commands.
+
+``devplug cordon`` and ``devplug uncordon`` change the daemon's cordons through it, and
+``devplug status`` asks it which devices are cordoned and why. The socket is
+``<kubelet dir>/devplug/<name>.sock``: beside the plugin sockets, in a dir of the daemon's own,
+because the kubelet deletes every file of its own dir when it starts, never a dir in it. The
+commands find it there, as ``status`` finds the plugin sockets; ``<name>`` (the program's,
+``devplug`` or a plugin author's) keeps two daemons on one node apart.
+
+Protocol: one request per connection, a JSON object on one line (``{"op": "list"}``, at most
+``MAX_REQUEST_BYTES`` with its newline), answered with one JSON object on one line, after which
+the daemon closes. Every answer has ``ok``; a refusal has ``error``, a message for the
+operator. What the requests mean is the composition's handler's: this module only carries
+them.
+
+Who may talk: the socket is mode 0600 in a dir of mode 0700, both the daemon's user's, as
+narrow as the plugin sockets (root, which the kubelet is). It is claimed as they are: bound
+under a temporary name, made 0600, then hard-linked to its name, which fails rather than
+replace someone's live socket (a stale one, whose daemon is gone, is removed); it is removed on
+close only while it is still ours. If the dir or the socket is removed (the kubelet dir wiped
+and made again), it is made again: the channel looks whenever the kubelet dir watch reports a
+change, and every ``BACKSTOP_S``.
+
+No client may stall the daemon or keep the next one out: the request line must arrive within
+``REQUEST_TIMEOUT_S`` of the connect, in total (a byte now and then does not extend it); a
+longer line is refused unread; the answer must be taken within ``ANSWER_TIMEOUT_S``; at most
+``MAX_CONNECTIONS`` are open at once, and a new connection when every one is taken closes the
+oldest still sending its request (the commands send theirs in one write at once), or is closed
+itself when every one is being answered. The handler runs to its end whatever the client does
+(a cordon asked for is a cordon done, even if the command was interrupted).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import re
+import secrets
+import socket
+import stat
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+from devplug._kits.problems import ProblemLog, error_reason
+from devplug._kits.values import Watchable
+from devplug.naming import TEMP_PREFIX
+
+log = structlog.get_logger(__name__)
+
+CONTROL_DIR = "devplug"
+SOCKET_SUFFIX = ".sock"
+SOCKET_MODE = 0o600
+DIR_MODE = 0o700
+# A request names a resource, a device id and a reason of 200 characters at most.
+MAX_REQUEST_BYTES = 4096
+# What a command reads of an answer (every cordon of a node, with reasons, fits many times).
+MAX_ANSWER_BYTES = 64 * 1024 * 1024
+REQUEST_TIMEOUT_S = 2.0
+ANSWER_TIMEOUT_S = 5.0
+MAX_CONNECTIONS = 16
+LISTEN_BACKLOG = 64
+# The inotify watch of the kubelet dir wakes the channel; this only backs it up.
+BACKSTOP_S = 60.0
+
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+
+# The composition's answer to a request (a JSON object): a JSON object with "ok".
+Handler = Callable[[dict[str, Any]], Awaitable[dict[str, Any]]]
+
+
+class ChannelError(Exception):
+    """A command got no answer from the daemon: the message says why."""
+
+
+class _InUse(Exception):
+    """The socket's name is taken by a live socket, or by something else."""
+
+
+def encode(message: Mapping[str, Any]) -> bytes:
+    return json.dumps(message, separators=(",", ":")).encode() + b"\n"
+
+
+def decode(line: bytes) -> dict[str, Any]:
+    """A JSON object of one line; ValueError otherwise."""
+    try:
+        value = json.loads(line)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ValueError(f"not JSON: {exc}") from None
+    if not isinstance(value, dict):
+        raise ValueError("not a JSON object")
+    return value
+
+
+def control_dir(kubelet_dir: Path) -> Path:
+    return kubelet_dir / CONTROL_DIR
+
+
+def socket_path(kubelet_dir: Path, name: str) -> Path:
+    """The control socket of the daemon called ``name``; ValueError for a name that is no
+    plain file name."""
+    if not _NAME.fullmatch(name):
+        raise ValueError(
+            f"daemon name {name!r}: letters, digits, '.', '_' and '-', starting with a letter "
+            "or digit, at most 64"
+        )
+    return control_dir(kubelet_dir) / f"{name}{SOCKET_SUFFIX}"
+
+
+def control_sockets(kubelet_dir: Path) -> list[Path]:
+    """The daemons' control sockets in ``kubelet_dir`` (none when it has no control dir)."""
+    found = []
+    try:
+        with os.scandir(control_dir(kubelet_dir)) as entries:
+            for entry in entries:
+                if entry.name.startswith(".") or not entry.name.endswith(SOCKET_SUFFIX):
+                    continue
+                with contextlib.suppress(OSError):
+                    if stat.S_ISSOCK(entry.stat(follow_symlinks=False).st_mode):
+                        found.append(Path(entry.path))
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+    return sorted(found)
+
+
+async def ask(path: Path, request: Mapping[str, Any], timeout: float) -> dict[str, Any]:
+    """Send ``request`` to the daemon at ``path``; its answer. ChannelError: no answer."""
+    try:
+        async with asyncio.timeout(timeout):
+            reader, writer = await asyncio.open_unix_connection(path, limit=MAX_ANSWER_BYTES)
+            try:
+                writer.write(encode(request))
+                await writer.drain()
+                line = await reader.readuntil(b"\n")
+            finally:
+                writer.close()
+    except TimeoutError:
+        raise ChannelError(f"{path}: no answer within {timeout:g} s") from None
+    except PermissionError:
+        raise ChannelError(
+            f"{path}: permission denied: only the daemon's user (root) may use it"
+        ) from None
+    except ConnectionRefusedError:
+        raise ChannelError(f"{path}: nobody listens (the daemon is not running)") from None
+    except FileNotFoundError:
+        raise ChannelError(f"{path}: no such socket (the daemon is not running)") from None
+    except (asyncio.IncompleteReadError, asyncio.LimitOverrunError):
+        raise ChannelError(f"{path}: the daemon closed without a whole answer") from None
+    except OSError as exc:
+        raise ChannelError(f"{path}: {error_reason(exc)}") from None
+    try:
+        return decode(line)
+    except ValueError as exc:
+        raise ChannelError(f"{path}: the answer is {exc}") from None
+
+
+def _identity(path: Path) -> tuple[int, int] | None:
+    """(inode, mtime): tells one socket at ``path`` from the next; None if not a socket."""
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return None
+    return (st.st_ino, st.st_mtime_ns) if stat.S_ISSOCK(st.st_mode) else None
+
+
+def _own_dir(directory: Path) -> None:
+    """Make the control dir (0700) if it is missing; refuse one that is not a dir of ours, and
+    narrow one that others may enter. Blocking (a few syscalls)."""
+    with contextlib.suppress(FileExistsError):
+        os.mkdir(directory, DIR_MODE)
+    st = os.lstat(directory)
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid():
+        raise _InUse(f"{directory} is not a directory of the daemon's user; remove it")
+    if stat.S_IMODE(st.st_mode) != DIR_MODE:
+        os.chmod(directory, DIR_MODE)
+
+
+@dataclass(eq=False, slots=True)
+class _Connection:
+    sock: socket.socket
+    accepted_at: float
+    reading: bool = True  # until its request is in: until then it may be evicted
+    task: asyncio.Task[None] | None = field(default=None, repr=False)
+
+
+class ControlChannel:
+    """Serves ``handle`` on the unix socket ``path``; see the module's docstring."""
+
+    def __init__(
+        self,
+        path: Path,
+        handle: Handler,
+        *,
+        changes: Watchable[int] | None = None,
+        on_listening: Callable[[], Awaitable[None]] | None = None,
+        backstop_s: float = BACKSTOP_S,
+        request_timeout_s: float = REQUEST_TIMEOUT_S,
+        answer_timeout_s: float = ANSWER_TIMEOUT_S,
+        max_connections: int = MAX_CONNECTIONS,
+    ) -> None:
+        self.path = path
+        self._handle = handle
+        # Bumps when the kubelet dir changes (its watch): time to look at the socket.
+        self._changes = changes
+        # Called each time the socket is (re)made (the dir may have been made again too).
+        self._on_listening = on_listening
+        self.backstop_s = backstop_s
+        self.request_timeout_s = request_timeout_s
+        self.answer_timeout_s = answer_timeout_s
+        self.max_connections = max_connections
+        self._listener: socket.socket | None = None
+        self._own: tuple[int, int] | None = None
+        self._accepting: asyncio.Task[None] | None = None
+        self._connections: set[_Connection] = set()
+        self.evicted = 0  # connections closed mid-request to make room for a new one
+        self.refused = 0  # new connections closed unserved: every one was being answered
+
+    def intact(self) -> bool:
+        """Whether it listens and ``path`` is still its socket."""
+        return self._listener is not None and _identity(self.path) == self._own
+
+    async def run(self) -> None:
+        """Listen, and listen again whenever the socket is gone, until cancelled."""
+        problems = ProblemLog()
+        seen = self._changes.version if self._changes is not None else 0
+        try:
+            while True:
+                if not self.intact():
+                    await self._relisten(problems)
+                seen = await self._next_look(seen)
+        finally:
+            await self.close()
+
+    async def _relisten(self, problems: ProblemLog) -> None:
+        try:
+            await self.listen()
+        except (OSError, _InUse) as exc:
+            missing = not self.path.parent.parent.is_dir()
+            reason = error_reason(exc) if isinstance(exc, OSError) else str(exc)
+            problems.report(
+                log,
+                "control.unavailable",
+                "no kubelet dir yet" if missing else reason,
+                level="info" if missing else "error",
+                socket=str(self.path),
+                effect="cordon, uncordon and status's cordons wait for it; devices are served",
+            )
+            return
+        problems.solved()
+        log.info("control.listening", socket=str(self.path))
+        if self._on_listening is not None:
+            await self._on_listening()
+
+    async def _next_look(self, seen: int) -> int:
+        """Wait for a change in the kubelet dir, or the backstop; the changes' version."""
+        changes = self._changes
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(self.backstop_s):
+                if changes is None:
+                    await asyncio.Event().wait()
+                else:
+                    await changes.wait_for(lambda _: changes.version != seen)
+                    return changes.version
+        return seen
+
+    async def listen(self) -> None:
+        """(Re)make the socket and accept on it. OSError or _InUse: it could not be made."""
+        await self.close()
+        directory = self.path.parent
+        _own_dir(directory)
+        temporary = directory / f"{TEMP_PREFIX}{secrets.token_hex(6)}{SOCKET_SUFFIX}"
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            listener.bind(os.fspath(temporary))
+            os.chmod(temporary, SOCKET_MODE)
+            listener.listen(LISTEN_BACKLOG)
+            listener.setblocking(False)
+            await self._claim(temporary)
+        except BaseException:
+            listener.close()
+            raise
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(temporary)
+        self._listener = listener
+        self._own = _identity(self.path)
+        self._accepting = asyncio.create_task(self._accept_loop(), name="control-accept")
+
+    async def _claim(self, temporary: Path) -> None:
+        """Hard-link ``temporary`` to ``path``, replacing only a stale socket there."""
+        for _ in range(3):
+            try:
+                os.link(temporary, self.path)
+                return
+            except FileExistsError:
+                await self._remove_if_stale()
+        raise _InUse(f"{self.path} keeps being made again by someone else")
+
+    async def _remove_if_stale(self) -> None:
+        try:
+            mode = os.lstat(self.path).st_mode
+        except FileNotFoundError:
+            return
+        if not stat.S_ISSOCK(mode):
+            raise _InUse(f"{self.path} exists and is not a socket; remove it")
+        try:
+            async with asyncio.timeout(1.0):
+                _, writer = await asyncio.open_unix_connection(self.path)
+        except ConnectionRefusedError:
+            log.info("control.stale_socket.removed", socket=str(self.path))
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self.path)
+            return
+        except (OSError, TimeoutError) as exc:
+            raise _InUse(f"{self.path} is in use or unreachable: {exc}") from None
+        writer.close()
+        raise _InUse(f"another daemon listens on {self.path}: is a second one running?")
+
+    async def close(self) -> None:
+        """Stop accepting, end every connection, remove the socket if it is still ours."""
+        if self._accepting is not None:
+            self._accepting.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._accepting
+            self._accepting = None
+        tasks = [c.task for c in self._connections if c.task is not None]
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            await asyncio.gather(*tasks, return_exceptions=True)
+        listener, own = self._listener, self._own
+        self._listener = self._own = None
+        if listener is not None:
+            listener.close()
+            if own is not None and _identity(self.path) == own:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(self.path)
+
+    # ------------------------------------------------------------------ admission
+
+    async def _accept_loop(self) -> None:
+        assert self._listener is not None
+        loop = asyncio.get_running_loop()
+        while True:
+            try:
+                sock, _ = await loop.sock_accept(self._listener)
+            except OSError as exc:  # EMFILE and the like: try again shortly
+                log.warning("control.accept.failed", reason=error_reason(exc))
+                await asyncio.sleep(0.1)
+                continue
+            sock.setblocking(False)
+            if len(self._connections) < self.max_connections or self._evict():
+                connection = _Connection(sock, time.monotonic())
+                self._connections.add(connection)
+                connection.task = asyncio.create_task(
+                    self._serve(connection), name="control-connection"
+                )
+            else:
+                sock.close()
+                self.refused += 1
+            # One turn of the loop: an evicted connection's task closes its socket first.
+            await asyncio.sleep(0)
+
+    def _evict(self) -> bool:
+        """Close the oldest connection still sending its request; False if there is none."""
+        reading = [c for c in self._connections if c.reading]
+        if not reading:
+            return False
+        victim = min(reading, key=lambda c: c.accepted_at)
+        self._connections.discard(victim)
+        if victim.task is not None:
+            victim.task.cancel()  # its task closes the socket
+        self.evicted += 1
+        return True
+
+    # ------------------------------------------------------------------ one exchange
+
+    async def _serve(self, connection: _Connection) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            try:
+                async with asyncio.timeout(self.request_timeout_s):
+                    line = await self._read_line(loop, connection.sock)
+            except ValueError as exc:
+                answer = {"ok": False, "error": str(exc)}
+            else:
+                connection.reading = False
+                answer = await self._answer(line)
+            async with asyncio.timeout(self.answer_timeout_s):
+                await loop.sock_sendall(connection.sock, encode(answer))
+        except (TimeoutError, OSError, EOFError):
+            pass  # a client that sends nothing sensible, or does not read, gets nothing more
+        finally:
+            self._connections.discard(connection)
+            connection.sock.close()
+
+    @staticmethod
+    async def _read_line(loop: asyncio.AbstractEventLoop, sock: socket.socket) -> bytes:
+        """The request's line. EOFError: closed before its end; ValueError: too long."""
+        data = bytearray()
+        while True:
+            chunk = await loop.sock_recv(sock, MAX_REQUEST_BYTES)
+            if not chunk:
+                raise EOFError
+            start = len(data)
+            data += chunk
+            end = data.find(b"\n", start)
+            if 0 <= end < MAX_REQUEST_BYTES:
+                return bytes(data[:end])
+            if len(data) >= MAX_REQUEST_BYTES:
+                raise ValueError(f"a request is one line of at most {MAX_REQUEST_BYTES} bytes")
+
+    async def _answer(self, line: bytes) -> dict[str, Any]:
+        try:
+            request = decode(line)
+        except ValueError as exc:
+            return {"ok": False, "error": f"the request is {exc}"}
+        # Shielded: the handler finishes even if this connection is cancelled (the channel
+        # closing waits for it through the connection's task).
+        work = asyncio.ensure_future(self._handle(request))
+        try:
+            return await asyncio.shield(work)
+        except asyncio.CancelledError:
+            await asyncio.wait({work})
+            failure = None if work.cancelled() else work.exception()
+            if failure is not None:
+                log.error("control.request.failed", error=error_reason(failure))
+            raise
+        except Exception:
+            log.exception("control.request.failed", op=str(request.get("op"))[:40])
+            return {"ok": False, "error": "the daemon failed to answer (see its log)"}
