@@ -13,10 +13,11 @@ import grpc
 import pytest
 from dra_plugin_env import DRIVER, FAST, plugin_env
 
+from devplug._kits.socket_claim import SocketInUseError
 from devplug._proto import pluginregistration_v1_pb2 as reg
 from devplug.dra.checkpoint import CheckpointError
 from devplug.dra.registration import KubeletPlugin, PluginPaths
-from devplug.dra.sockets import SocketInUseError, SocketServer
+from devplug.dra.sockets import SocketServer
 from devplug.errors import ConfigError, InvalidNameError
 from devplug.testing import eventually
 from devplug.testing.kubelet_dra import GET_INFO, NOTIFY_REGISTRATION_STATUS, V1

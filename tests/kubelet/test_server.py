@@ -15,9 +15,10 @@ import pytest
 import structlog
 from helpers import PreferringScanner
 
+from devplug._kits.socket_claim import SocketIdentity
 from devplug.errors import AllocationError
 from devplug.kubelet import answer_log
-from devplug.kubelet.registration import FileIdentity, KubeletDirWatcher
+from devplug.kubelet.registration import KubeletDirWatcher
 from devplug.kubelet.server import ResourceServer
 from devplug.model import (
     ContainerAllocation,
@@ -319,13 +320,13 @@ async def test_a_recreated_kubelet_socket_alone_triggers_re_registration(
         session = await kubelet.wait_for_plugin(SERIAL)
         await session.wait_for_update()
         own_socket = kubelet_dir / "devplug-example.com_serial.sock"
-        identities = {FileIdentity.of(own_socket)}
+        identities = {SocketIdentity.of(own_socket)}
         for _ in range(3):
             await kubelet.stop()
             await kubelet.start()
             session = await kubelet.wait_for_plugin(SERIAL, replacing=session)
             assert set(await session.wait_for_update()) == {"dev0"}
-            identities.add(FileIdentity.of(own_socket))
+            identities.add(SocketIdentity.of(own_socket))
         assert len(identities) == 4  # a new listener for every registration
 
 

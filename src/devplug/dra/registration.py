@@ -29,13 +29,14 @@ import structlog
 from devplug._kits.backoff import Backoff
 from devplug._kits.dirwatch import DirWatcher
 from devplug._kits.problems import ProblemLog, error_reason
+from devplug._kits.socket_claim import SocketInUseError
 from devplug._kits.values import LatestValue
 from devplug._proto import pluginregistration_v1_pb2 as reg
 from devplug._proto import pluginregistration_v1_pb2_grpc as reg_grpc
 from devplug.dra.claims import ClaimPreparer
 from devplug.dra.naming import validate_driver_name
 from devplug.dra.service import SUPPORTED_VERSIONS, add_dra_services
-from devplug.dra.sockets import SocketInUseError, SocketServer, check_socket_path
+from devplug.dra.sockets import SocketServer, check_socket_path
 from devplug.errors import ConfigError
 
 log = structlog.get_logger("devplug.dra")

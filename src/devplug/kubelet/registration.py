@@ -10,9 +10,6 @@ backstop for a missed or impossible watch.
 
 from __future__ import annotations
 
-import os
-import stat
-from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
@@ -27,29 +24,6 @@ log = structlog.get_logger(__name__)
 API_VERSION = "v1beta1"
 KUBELET_SOCKET = "kubelet.sock"
 CHECKPOINT_FILE = "kubelet_internal_checkpoint"
-
-
-@dataclass(frozen=True, slots=True)
-class FileIdentity:
-    """Tells one incarnation of a file from the next, even when the inode number is reused.
-
-    The modification time, set when the socket is bound: a chmod or chown (a hardening job
-    resetting modes) moves the ctime but is no new socket, and must not read as a restart.
-    """
-
-    inode: int
-    mtime_ns: int
-
-    @classmethod
-    def of(cls, path: Path) -> FileIdentity | None:
-        """The identity of the socket at ``path``; None if it is missing or not a socket."""
-        try:
-            st = os.lstat(path)
-        except OSError:
-            return None
-        if not stat.S_ISSOCK(st.st_mode):
-            return None
-        return cls(st.st_ino, st.st_mtime_ns)
 
 
 class KubeletDirWatcher(DirWatcher):

@@ -5,12 +5,9 @@ The lifecycle is a loop over observed state rather than a chain of callbacks: on
 whether its own socket is still the one it bound and whether ``kubelet.sock`` is still the one
 it registered with, and does what is missing: listen, then register.
 
-Two grpc habits shape how a socket is claimed. grpc deletes a unix socket path when a server
-binds it (even over another process's live socket) and again when that server stops (even if
-someone else owns the path by then). So the server binds a unique temporary name in the same
-dir and hard-links it to the real name, which fails instead of overwriting when the name is
-taken; grpc's deletions then only ever hit the temporary name, and the real name is removed by
-us, and only while it is still our inode.
+The socket is put in place by :mod:`devplug._kits.socket_claim` (a temporary name linked to
+the real one, never over anyone's live socket, mode 0600) and removed when the server stops,
+only while it is still ours.
 """
 
 from __future__ import annotations
@@ -18,9 +15,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import secrets
-import socket
-import stat
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -31,12 +25,18 @@ import structlog
 
 from devplug._kits.backoff import Backoff
 from devplug._kits.problems import ProblemLog
+from devplug._kits.socket_claim import (
+    SocketIdentity,
+    SocketInUseError,
+    listen_at,
+    release,
+    temporary_name_length,
+)
 from devplug._kits.values import LatestValue
 from devplug.errors import ConfigError
 from devplug.kubelet.handlers import add_to_server
 from devplug.kubelet.registration import (
     KUBELET_SOCKET,
-    FileIdentity,
     KubeletDirWatcher,
     RegistrationError,
     register,
@@ -53,11 +53,6 @@ from devplug.naming import (
 )
 
 log = structlog.get_logger(__name__)
-
-SOCKET_MODE = 0o600
-# The temporary name a listener is bound to before it is linked into place: TEMP_PREFIX, 12
-# hex digits, ".sock".
-TEMP_SOCKET_NAME_LENGTH = len(TEMP_PREFIX) + 12 + len(".sock")
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,27 +80,11 @@ class ServerTiming:
 DEFAULT_TIMING = ServerTiming()
 
 
-def _bind_failure(path: Path) -> Exception:
-    """Why ``path`` cannot be bound: gRPC's error names no cause (it goes to grpc-core's own
-    stderr line), so a plain bind of the same path asks the kernel (Permission denied, a
-    read-only file system, ...)."""
-    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    try:
-        probe.bind(os.fspath(path))
-    except OSError as exc:
-        return OSError(exc.errno, f"cannot create a socket in {path.parent}: {exc.strerror}")
-    finally:
-        probe.close()
-    with contextlib.suppress(FileNotFoundError):
-        os.unlink(path)
-    return RuntimeError(f"gRPC could not listen on {path}")
-
-
 def socket_path_for(kubelet_dir: Path, resource: str) -> Path:
     """The socket path for ``resource``: readable if it fits a unix socket, else hashed."""
     for name in (socket_file_name(resource), short_socket_file_name(resource)):
         path = kubelet_dir / name
-        longest = max(len(os.fsencode(name)), TEMP_SOCKET_NAME_LENGTH)
+        longest = max(len(os.fsencode(name)), temporary_name_length(TEMP_PREFIX))
         if len(os.fsencode(kubelet_dir)) + 1 + longest <= MAX_UNIX_SOCKET_PATH:
             return path
     raise ConfigError(
@@ -113,10 +92,6 @@ def socket_path_for(kubelet_dir: Path, resource: str) -> Path:
         f"{kubelet_dir} is too long for unix sockets: a socket path must be at most "
         f"{MAX_UNIX_SOCKET_PATH} bytes; use a shorter directory",
     )
-
-
-class SocketInUseError(Exception):
-    """Our socket path is taken by a live socket of another process, or by a non-socket file."""
 
 
 class ResourceServer:
@@ -145,10 +120,10 @@ class ResourceServer:
         self.registered = asyncio.Event()
         self.registrations = 0
         self._grpc: grpc.aio.Server | None = None
-        self._own: FileIdentity | None = None
+        self._own: SocketIdentity | None = None
         # True once the current listener was offered to the kubelet in a Register call.
         self._offered = False
-        self._kubelet: FileIdentity | None = None
+        self._kubelet: SocketIdentity | None = None
         self._log = log.bind(resource=resource, socket=str(self.socket_path))
 
     @property
@@ -178,7 +153,7 @@ class ResourceServer:
         """Serve and stay registered; returns only by cancellation, cleaning up after itself."""
         backoff = Backoff(self.timing.backoff_initial_s, self.timing.backoff_max_s)
         retry_at = 0.0
-        failed_for: FileIdentity | None = None
+        failed_for: SocketIdentity | None = None
         waiting = KubeletWait(
             self.timing.waiting_reminder_initial_s, self.timing.waiting_reminder_max_s
         )
@@ -187,7 +162,7 @@ class ResourceServer:
             while True:
                 version = self.watcher.changes.version
                 wait = self.timing.stat_backstop_s
-                kubelet = FileIdentity.of(self.kubelet_dir / KUBELET_SOCKET)
+                kubelet = SocketIdentity.of(self.kubelet_dir / KUBELET_SOCKET)
                 if self._kubelet is not None:
                     if not self._own_socket_ok():
                         self._log.info("kubelet.restart.detected", reason="own socket removed")
@@ -245,7 +220,7 @@ class ResourceServer:
                 await self.watcher.changes.wait_changed(version)
 
     def _own_socket_ok(self) -> bool:
-        return self._grpc is not None and FileIdentity.of(self.socket_path) == self._own
+        return self._grpc is not None and SocketIdentity.of(self.socket_path) == self._own
 
     def _count_restart(self) -> None:
         self.events.kubelet_restarted(self.resource)
@@ -267,67 +242,21 @@ class ResourceServer:
     async def _listen(self) -> None:
         """Start a gRPC server and link its socket into place; the old server stops first."""
         await self._stop_grpc()
-        temporary = self.kubelet_dir / f"{TEMP_PREFIX}{secrets.token_hex(6)}.sock"
         server = grpc.aio.server()
         add_to_server(self.servicer, server)
-        try:
-            try:
-                server.add_insecure_port(f"unix://{temporary}")
-            except RuntimeError:
-                raise _bind_failure(temporary) from None
-            await server.start()
-            os.chmod(temporary, SOCKET_MODE)
-            await self._claim(temporary)
-        except BaseException:
-            await server.stop(None)
-            raise
-        finally:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(temporary)
+        own = await listen_at(
+            server,
+            self.socket_path,
+            temp_prefix=TEMP_PREFIX,
+            in_use_probe_s=self.timing.in_use_probe_s,
+            on_stale_removed=lambda: self._log.info("server.stale_socket.removed"),
+        )
         self._grpc = server
         self._offered = False
-        # Taken once the socket has its name and the temporary one is gone (neither moves the
-        # mtime that FileIdentity uses, so a chmod or a link later does not either).
-        self._own = FileIdentity.of(self.socket_path)
+        self._own = own
         self._log.info("server.listening")
 
-    async def _claim(self, temporary: Path) -> None:
-        """Hard-link ``temporary`` to our socket path, replacing only a stale socket there."""
-        for _ in range(3):
-            try:
-                os.link(temporary, self.socket_path)
-                return
-            except FileExistsError:
-                await self._remove_if_stale()
-        raise SocketInUseError(f"{self.socket_path} keeps being re-created by someone else")
-
-    async def _remove_if_stale(self) -> None:
-        """Delete a socket file nobody answers on; refuse a live socket or any other file."""
-        try:
-            mode = os.lstat(self.socket_path).st_mode
-        except FileNotFoundError:
-            return
-        if not stat.S_ISSOCK(mode):
-            raise SocketInUseError(
-                f"{self.socket_path} exists and is not a socket; remove it or choose another dir"
-            )
-        try:
-            async with asyncio.timeout(self.timing.in_use_probe_s):
-                _, writer = await asyncio.open_unix_connection(self.socket_path)
-        except ConnectionRefusedError:
-            self._log.info("server.stale_socket.removed")
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(self.socket_path)
-            return
-        except (OSError, TimeoutError) as exc:
-            # Not provably stale (full backlog, permissions): leave it alone.
-            raise SocketInUseError(f"{self.socket_path} is in use or unreachable: {exc}") from None
-        writer.close()
-        with contextlib.suppress(OSError):
-            await writer.wait_closed()
-        raise SocketInUseError(f"another process is serving on {self.socket_path}")
-
-    async def _register(self, kubelet: FileIdentity, waited_s: float | None) -> bool:
+    async def _register(self, kubelet: SocketIdentity, waited_s: float | None) -> bool:
         """Register with the kubelet at ``kubelet``; ``waited_s``: how long this server had
         waited for it to appear (None: it did not), said once registration is complete."""
         self._log.info("kubelet.register.started")
@@ -380,7 +309,5 @@ class ResourceServer:
         finally:
             self.servicer.answer_log.flush()  # after the last Allocate gRPC serves
             self.servicer.refusal_log.flush()  # the count of refusals not logged yet
-        if own is not None and FileIdentity.of(self.socket_path) == own:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(self.socket_path)
+        release(self.socket_path, own)
         self._log.info("server.stopped")
