@@ -26,6 +26,7 @@ from typing import NamedTuple
 
 import structlog
 
+from devplug._kits.problems import ProblemLog
 from devplug.model import DeviceMap, DeviceTree
 from devplug.naming import NaturalKey, natural_key
 from devplug.sizing import KUBELET_MAX_RECEIVE_BYTES, WARN_FRACTION, counted_entry_bytes
@@ -109,7 +110,8 @@ class ListLimit:
     def __init__(self, limit: int = KUBELET_MAX_RECEIVE_BYTES) -> None:
         self.limit = limit
         self._last: dict[str, _Verdict] = {}
-        self._near: set[str] = set()
+        # The resources whose list is near the limit, warned about once until it is not.
+        self._near = ProblemLog()
 
     def fit(self, tree: DeviceTree) -> Fitted:
         """``tree`` without the units that do not fit, and resource -> the ids held back.
@@ -130,7 +132,8 @@ class ListLimit:
             if verdict.waiting:
                 trimmed[resource] = verdict.advertised
         self._last = verdicts
-        self._near &= set(tree)
+        for gone in [r for r in self._near.unsolved() if r not in tree]:
+            self._near.solved(gone)
         fitted = tree.narrowed(trimmed) if trimmed else tree
         held = {resource: v.waiting for resource, v in verdicts.items() if v.waiting}
         return Fitted(fitted, held)
@@ -142,7 +145,7 @@ class ListLimit:
         this resource."""
         held_before = last.waiting if last is not None else ()
         if _upper_bound(devices, numa_nodes) < WARN_FRACTION * self.limit:
-            self._near.discard(resource)
+            self._near.solved(resource)
             total = None
         else:
             sizes = {i: counted_entry_bytes(i, info.numa_nodes) for i, info in devices.items()}
@@ -209,16 +212,17 @@ class ListLimit:
         return []
 
     def _warn_if_near(self, resource: str, total: int) -> None:
-        near = total >= WARN_FRACTION * self.limit
-        if near and resource not in self._near:
-            log.warning(
-                "list_limit.near",
-                resource=resource,
-                bytes=total,
-                limit=self.limit,
-                hint="one more change of the host may not fit; advertise fewer ids",
-            )
-        if near:
-            self._near.add(resource)
-        else:
-            self._near.discard(resource)
+        if total < WARN_FRACTION * self.limit:
+            self._near.solved(resource)
+            return
+        self._near.report(
+            log,
+            "list_limit.near",
+            "one more change of the host may not fit; advertise fewer ids",
+            key=resource,
+            level="warning",
+            field="hint",
+            resource=resource,
+            bytes=total,
+            limit=self.limit,
+        )
