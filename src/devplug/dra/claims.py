@@ -42,7 +42,7 @@ from devplug.dra.slices import PoolDevice
 
 T = TypeVar("T")
 
-log = structlog.get_logger("devplug.dra")
+log = structlog.get_logger(__name__)
 
 
 class ClaimReader(Protocol):

@@ -72,7 +72,7 @@ from devplug.dra.slicewrites import SliceWriter, count
 from devplug.dra.validate import validate_resource_slice
 from devplug.model import DeviceTree
 
-log = structlog.get_logger("devplug.dra")
+log = structlog.get_logger(__name__)
 
 SETTLE_S = 0.15
 RETRY_INITIAL_S = 0.5

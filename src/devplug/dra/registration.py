@@ -39,7 +39,7 @@ from devplug.dra.service import SUPPORTED_VERSIONS, add_dra_services
 from devplug.dra.sockets import SocketServer, check_socket_path
 from devplug.errors import ConfigError
 
-log = structlog.get_logger("devplug.dra")
+log = structlog.get_logger(__name__)
 
 PLUGIN_TYPE = "DRAPlugin"  # pluginregistration's constant for DRA drivers
 REGISTRY_DIR = "plugins_registry"

@@ -27,7 +27,7 @@ from devplug._proto import dra_v1beta1_pb2_grpc as v1beta1_grpc
 from devplug.dra.checkpoint import PreparedDevice
 from devplug.dra.claims import CallFailedError, ClaimPreparer, ClaimRef, Prepared
 
-log = structlog.get_logger("devplug.dra")
+log = structlog.get_logger(__name__)
 
 # The names a plugin lists in GetInfo's supported_versions: "<version>.<service>" (the
 # kubelet's dra/v1 and dra/v1beta1 types.go), most preferred first.

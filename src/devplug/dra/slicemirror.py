@@ -43,7 +43,7 @@ from devplug.dra.apiclient import (
     WatchEvent,
 )
 
-log = structlog.get_logger("devplug.dra")
+log = structlog.get_logger(__name__)
 
 EXPIRED = 410
 

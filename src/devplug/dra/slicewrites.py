@@ -39,7 +39,7 @@ from devplug.dra.apiclient import (
 from devplug.dra.slicediff import SlicePlan, Update, normalised
 from devplug.dra.slicemirror import ApiOutage, SliceMirror, api_is_down
 
-log = structlog.get_logger("devplug.dra")
+log = structlog.get_logger(__name__)
 
 INVALID = 422
 NOT_FOUND = 404

@@ -23,7 +23,7 @@ import structlog
 
 from devplug.model import DeviceInfo, DeviceTree, Health
 
-log = structlog.get_logger("devplug.health")
+log = structlog.get_logger(__name__)
 
 _Key = tuple[str, str]
 # One resource's edit since the tree gated last: the ids gone or re-read, the ids put in.

@@ -31,7 +31,7 @@ from devplug.model import DeviceMap, DeviceTree
 from devplug.naming import NaturalKey, natural_key
 from devplug.sizing import KUBELET_MAX_RECEIVE_BYTES, WARN_FRACTION, counted_entry_bytes
 
-log = structlog.get_logger("devplug.list_limit")
+log = structlog.get_logger(__name__)
 
 # Upper bounds of one device's bytes in a list, to skip the exact count for lists far below the
 # limit: a 63-byte id (the longest valid one) with "Unhealthy" takes 78 bytes, and each NUMA

@@ -40,7 +40,7 @@ from devplug.model import DeviceTree
 from devplug.scanners.base import Scanner
 from devplug.scanners.udev import UdevEvent
 
-log = structlog.get_logger("devplug.hotplug")
+log = structlog.get_logger(__name__)
 
 
 @dataclass(frozen=True, slots=True)

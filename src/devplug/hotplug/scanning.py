@@ -41,7 +41,7 @@ from devplug.scanners.base import IncrementalScanner, Reporter, Scanner
 from devplug.scanners.incremental import RemovedPaths
 from devplug.scanners.udev import SourceUnavailable, UdevEvent, UdevSource
 
-log = structlog.get_logger("devplug.scan")
+log = structlog.get_logger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
