@@ -39,7 +39,7 @@ from devplug._kits.atomic import replace_file
 from devplug._kits.problems import error_reason
 from devplug.naming import TEMP_PREFIX, device_id_problem, resource_name_problem
 
-log = structlog.get_logger("devplug.cordons")
+log = structlog.get_logger(__name__)
 
 STATE_VERSION = 1
 STATE_MODE = 0o600
