@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import signal
 import stat
 import sys
@@ -19,13 +18,12 @@ import pytest
 from helpers import health
 from test_status import run_status
 
-from devplug.model import DeviceInfo, DeviceNode, Health
+from devplug.model import DeviceInfo, DeviceNode
 from devplug.testing import (
     KubeletSimulator,
     SimulatorRpcError,
     daemon_process,
     daemon_settings,
-    eventually,
 )
 from devplug.testing.harness import DaemonStarter, StaticScanner
 
@@ -162,3 +160,197 @@ async def test_a_cordon_survives_sigkill_and_restart(
         assert cordoned(document)["null"]["reason"] == REASON
         # The stale socket the killed daemon left was taken over.
         assert [d["error"] for d in document["cordons"]["daemons"]] == [None]
+
+
+async def test_uncordon_keeps_the_device_held_down_until_the_hold_down_ends(
+    kubelet: KubeletSimulator, kubelet_dir: Path, start_daemon: DaemonStarter
+) -> None:
+    settings = daemon_settings(kubelet_dir, hotplug={"health_hold_down_s": 3600})
+    await start_daemon(settings, [StaticScanner(serials("s0"))])
+    session = await kubelet.wait_for_plugin(SERIAL)
+    await session.wait_for_update()
+    await cordon(kubelet_dir, "s0")
+    said = await uncordon(kubelet_dir, "s0")
+    assert f"uncordoned {SERIAL} s0" in said and "3600s" in said
+    # The cordon is lifted, but the device is not Healthy before an hour has passed: Allocate
+    # still refuses it, saying why.
+    with pytest.raises(SimulatorRpcError, match="uncordoned; held down until healthy for 3600s"):
+        await kubelet.allocate(SERIAL, ["s0"])
+    assert health(session.latest) == {"s0": "Unhealthy"}
+    assert (await status_document(kubelet_dir))["cordons"]["devices"] == []
+    assert "was not cordoned" in await uncordon(kubelet_dir, "s0")
+
+
+async def test_an_uncordoned_device_is_served_again_after_the_hold_down(
+    kubelet: KubeletSimulator, kubelet_dir: Path, start_daemon: DaemonStarter
+) -> None:
+    settings = daemon_settings(kubelet_dir, hotplug={"health_hold_down_s": 0.2})
+    await start_daemon(settings, [StaticScanner(serials("s0"))])
+    session = await kubelet.wait_for_plugin(SERIAL)
+    await session.wait_for_update()
+    await cordon(kubelet_dir, "s0")
+    await session.wait_for_update(lambda listed: listed["s0"].health == "Unhealthy")
+    await uncordon(kubelet_dir, "s0")
+    # Nothing but the hold-down's end wakes the daemon: no rescan, no event.
+    after = len(session.updates)
+    await session.wait_for_update(lambda listed: listed["s0"].health == "Healthy", after=after)
+    await kubelet.allocate(SERIAL, ["s0"])
+
+
+async def test_a_cordoned_device_is_drained_once_no_pod_holds_it(
+    kubelet: KubeletSimulator, kubelet_dir: Path, start_daemon: DaemonStarter
+) -> None:
+    await start_daemon(daemon_settings(kubelet_dir), [StaticScanner(serials("s0", "s1"))])
+    session = await kubelet.wait_for_plugin(SERIAL)
+    await session.wait_for_update()
+    await kubelet.allocate(SERIAL, ["s1"], pod="batch/train", container="worker")
+    await cordon(kubelet_dir, "s1")
+
+    held = cordoned(await status_document(kubelet_dir, "--pods"))["s1"]
+    assert (held["state"], held["holders"]) == ("in use", ["batch/train/worker"])
+    code, table, err = await run_status("--kubelet-dir", str(kubelet_dir), "--pods")
+    assert code == 0, err
+    assert [SERIAL, "s1", "in", "use", "by", "batch/train/worker"] in [
+        line.split()[:6] for line in table.splitlines()
+    ]
+
+    kubelet.release("batch/train")
+    drained = cordoned(await status_document(kubelet_dir, "--pods"))["s1"]
+    assert (drained["state"], drained["holders"]) == ("drained", [])
+    code, table, err = await run_status("--kubelet-dir", str(kubelet_dir), "--pods")
+    assert code == 0, err
+    assert [SERIAL, "s1", "drained"] in [line.split()[:3] for line in table.splitlines()]
+
+
+async def test_a_reload_keeps_the_cordons(
+    kubelet: KubeletSimulator, kubelet_dir: Path, start_daemon: DaemonStarter
+) -> None:
+    settings = daemon_settings(kubelet_dir)
+    scanner = StaticScanner(serials("s0", "s1"))
+    daemon = await start_daemon(settings, [scanner], config_loader=lambda: (settings, [scanner]))
+    session = await kubelet.wait_for_plugin(SERIAL)
+    await session.wait_for_update()
+    await cordon(kubelet_dir, "s1")
+    scans = daemon.stats.value.full_scans
+    daemon.request_reload()
+    await daemon.stats.wait_for(lambda s: s.reloads == 1 and s.full_scans > scans, timeout=10)
+    assert daemon.stats.value.advertised[SERIAL]["s1"].health_reason == f"cordoned: {REASON}"
+    assert health(session.latest) == {"s0": "Healthy", "s1": "Unhealthy"}
+
+
+async def test_a_device_that_goes_keeps_its_cordon_and_comes_back_cordoned(
+    kubelet: KubeletSimulator, kubelet_dir: Path, start_daemon: DaemonStarter
+) -> None:
+    scanner = StaticScanner(serials("s0", "s1"))
+    daemon = await start_daemon(daemon_settings(kubelet_dir), [scanner])
+    session = await kubelet.wait_for_plugin(SERIAL)
+    await session.wait_for_update()
+    await cordon(kubelet_dir, "s1")
+    scanner.set(serials("s0"))  # unplugged for repair
+    await daemon.rescan()
+    await session.wait_for_update(lambda listed: set(listed) == {"s0"})
+    gone = cordoned(await status_document(kubelet_dir))["s1"]
+    assert (gone["reason"], gone["present"]) == (REASON, False)
+    # It can be cordoned again while away (a new reason), though it is not there.
+    said = await cordon(kubelet_dir, "s1", "sent for repair")
+    assert "not there now" in said
+
+    scanner.set(serials("s0", "s1"))
+    after = len(session.updates)
+    await daemon.rescan()
+    listed = await session.wait_for_update(lambda listed: set(listed) == {"s0", "s1"}, after=after)
+    assert health(listed) == {"s0": "Healthy", "s1": "Unhealthy"}
+    back = daemon.stats.value.advertised[SERIAL]["s1"]
+    assert back.health_reason == "cordoned: sent for repair"
+
+
+async def test_an_unknown_resource_or_id_is_refused_naming_what_there_is(
+    kubelet: KubeletSimulator, kubelet_dir: Path, start_daemon: DaemonStarter
+) -> None:
+    many = serials(*(f"s{i}" for i in range(50)))
+    await start_daemon(daemon_settings(kubelet_dir), [StaticScanner(many)])
+    await (await kubelet.wait_for_plugin(SERIAL)).wait_for_update()
+
+    code, out, err = await devplug(
+        "cordon", SERIAL, "s99", "--reason", "x", "--kubelet-dir", str(kubelet_dir)
+    )
+    assert code == 1 and out == ""
+    # The first ids in natural order, then how many more: a huge resource stays one line.
+    listed = ", ".join(f"s{i}" for i in range(20))
+    assert f"{SERIAL}: no device 's99'; its devices: {listed} and 30 more" in err
+    code, _, err = await devplug("uncordon", SERIAL, "s99", "--kubelet-dir", str(kubelet_dir))
+    assert code == 1 and "no device 's99'" in err
+
+    code, _, err = await devplug(
+        "cordon", "example.com/other", "s0", "--reason", "x", "--kubelet-dir", str(kubelet_dir)
+    )
+    assert code == 1 and f"example.com/other: no daemon here has it; they have: {SERIAL}" in err
+    assert (await status_document(kubelet_dir))["cordons"]["devices"] == []
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (["cordon", "not a name", "s0", "--reason", "x"], "resource 'not a name'"),
+        (["cordon", SERIAL, "../s0", "--reason", "x"], "device id '../s0'"),
+        (["cordon", SERIAL, "s0", "--reason", "two\nlines"], "--reason: printable"),
+        (["cordon", SERIAL, "s0", "--reason", " "], "--reason: give a reason"),
+        (["cordon", SERIAL, "s0", "--reason", "x" * 201], "--reason: at most 200"),
+        (["cordon", SERIAL, "s0"], "the following arguments are required: --reason"),
+    ],
+)
+async def test_a_bad_command_line_is_refused_before_asking_anyone(
+    kubelet_dir: Path, args: list[str], expected: str
+) -> None:
+    code, out, err = await devplug(*args, "--kubelet-dir", str(kubelet_dir))
+    assert (code, out) == (2, "")
+    assert expected in err
+
+
+async def test_without_a_daemon_the_commands_say_so(kubelet_dir: Path) -> None:
+    code, _, err = await devplug(
+        "cordon", SERIAL, "s0", "--reason", "x", "--kubelet-dir", str(kubelet_dir)
+    )
+    assert code == 1
+    assert f"no devplug daemon in {kubelet_dir}" in err and "is it running?" in err
+
+
+async def test_an_unreadable_state_file_holds_every_device_until_it_is_fixed(
+    kubelet: KubeletSimulator, kubelet_dir: Path, start_daemon: DaemonStarter
+) -> None:
+    state = kubelet_dir / "devplug" / "devplug.cordons.json"
+    state.parent.mkdir(mode=0o700)
+    state.write_text('{"version": 1, "cordons": {')  # cut short
+    settings = daemon_settings(kubelet_dir, hotplug={"health_hold_down_s": 0})
+    scanner = StaticScanner(serials("s0", "s1"))
+    daemon = await start_daemon(settings, [scanner], config_loader=lambda: (settings, [scanner]))
+    session = await kubelet.wait_for_plugin(SERIAL)
+    # Failing closed: which devices were cordoned is unknown, so none is offered.
+    first = await session.wait_for_update()
+    assert health(first) == {"s0": "Unhealthy", "s1": "Unhealthy"}
+    reason = daemon.stats.value.advertised[SERIAL]["s0"].health_reason
+    assert reason.startswith(f"cordons unknown: {state} cannot be read (not JSON")
+    assert "fixed or removed and the daemon reloaded (SIGHUP)" in reason
+    # A change would overwrite what the file holds: refused, and the file is left as it is.
+    code, _, err = await devplug(
+        "cordon", SERIAL, "s0", "--reason", "x", "--kubelet-dir", str(kubelet_dir)
+    )
+    assert code == 1 and "cordons unknown" in err
+    assert state.read_text() == '{"version": 1, "cordons": {'
+    document = await status_document(kubelet_dir)
+    (answered,) = document["cordons"]["daemons"]
+    assert answered["unreadable"] == reason
+
+    # The operator writes what it should hold, and reloads.
+    state.write_text(
+        json.dumps(
+            {
+                "version": 1,
+                "cordons": {SERIAL: {"s1": {"reason": "bad fan", "since": "2025-01-31T09:30:00Z"}}},
+            }
+        )
+    )
+    daemon.request_reload()
+    listed = await session.wait_for_update(lambda listed: listed["s0"].health == "Healthy")
+    assert health(listed) == {"s0": "Healthy", "s1": "Unhealthy"}
+    assert cordoned(await status_document(kubelet_dir))["s1"]["reason"] == "bad fan"

@@ -394,11 +394,21 @@ class ControlChannel:
                 answer = await self._answer(line)
             async with asyncio.timeout(self.answer_timeout_s):
                 await loop.sock_sendall(connection.sock, encode(answer))
+                await self._finish(loop, connection.sock)
         except (TimeoutError, OSError, EOFError):
             pass  # a client that sends nothing sensible, or does not read, gets nothing more
         finally:
             self._connections.discard(connection)
             connection.sock.close()
+
+    @staticmethod
+    async def _finish(loop: asyncio.AbstractEventLoop, sock: socket.socket) -> None:
+        """End the answer, and read what the client sent past its request line (a closed
+        socket with unread input resets the connection, and the answer would be lost) until
+        it closes: within the answer's timeout."""
+        sock.shutdown(socket.SHUT_WR)
+        while await loop.sock_recv(sock, MAX_REQUEST_BYTES):
+            pass
 
     @staticmethod
     async def _read_line(loop: asyncio.AbstractEventLoop, sock: socket.socket) -> bytes:
