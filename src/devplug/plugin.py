@@ -49,7 +49,9 @@ if TYPE_CHECKING:
     from devplug.scanners.base import Scanner
 
 EXIT_CONFIG = 2  # bad usage or configuration: nothing was served
-EXIT_INTERRUPTED = 130  # Ctrl-C before the daemon served (128 + SIGINT)
+# Ctrl-C (128 + SIGINT, as a shell reports a command it interrupted): any command, and run
+# before the daemon served.
+EXIT_INTERRUPTED = 130
 # SIGQUIT stops too, as KubeVirt's device plugin manager does.
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT)
 HANDLED_SIGNALS = (*STOP_SIGNALS, signal.SIGHUP)

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING
 
 from devplug._kits.lazy import lazy_names
 from devplug.cli import early
-from devplug.cli.early import EXIT_INTERRUPTED
+from devplug.plugin import EXIT_INTERRUPTED
 
 if TYPE_CHECKING:
     from devplug.cli.commands import ScannerFactory

@@ -14,7 +14,6 @@ from collections.abc import Sequence
 
 from devplug._version import __version__
 
-EXIT_INTERRUPTED = 130  # Ctrl-C (128 + SIGINT), as a shell reports a command it interrupted
 # The top-level parser's own options: left where they are (``devplug --help scan``).
 TOP_LEVEL = frozenset({"-h", "--help", "--version"})
 # The commands' options that take no value.

@@ -18,12 +18,12 @@ from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
-from devplug.cli.early import EXIT_INTERRUPTED, version_line
+from devplug.cli.early import version_line
 
 EXIT_OK = 0
 EXIT_FAILED = 1
 EXIT_USAGE = 2  # bad usage or configuration: nothing was served or written
-__all__ = ["EXIT_FAILED", "EXIT_INTERRUPTED", "EXIT_OK", "EXIT_USAGE", "build_parser"]
+__all__ = ["EXIT_FAILED", "EXIT_OK", "EXIT_USAGE", "build_parser"]
 
 DESCRIPTION = "Kubernetes device plugin daemon: serves devices found through udev."
 
