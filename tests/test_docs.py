@@ -9,6 +9,8 @@
 - Every metric of the daemon's registry is described in docs/operations.md.
 - Every ``devplug ...`` command line in the docs' shell blocks parses with devplug's own parser.
 - Every log event the docs (README.md, docs/*.md) name is logged somewhere in src.
+- Every benchmark in bench/ has its command in docs/benchmarks.md, and every command there runs
+  a module of bench/.
 """
 
 from __future__ import annotations
@@ -763,3 +765,30 @@ def test_every_log_event_the_docs_name_is_logged_by_src() -> None:
     }
     unexplained = {page: names for page, names in unexplained.items() if names}
     assert not unexplained, f"log events the docs name that src never logs: {unexplained}"
+
+
+# ------------------------------------------------------------------------ benchmarks
+
+BENCH = ROOT / "bench"
+# Modules of bench/ that are no benchmark of their own: shared code, and the processes a
+# benchmark starts (floors, the traced daemon).
+BENCH_HELPERS = {
+    "__init__",
+    "common",
+    "floor_server",
+    "list_floor",
+    "monitor_floor",
+    "traced_daemon",
+}
+
+
+def test_every_benchmark_has_its_command_on_the_benchmarks_page() -> None:
+    """The figures' page names the command of each: a bench added without its figures, or a
+    command naming a bench that is gone, fails here."""
+    text = (DOCS / "benchmarks.md").read_text()
+    documented = set(re.findall(r"-m bench\.(\w+)", text))
+    benches = {path.stem for path in BENCH.glob("*.py")} - BENCH_HELPERS
+    assert documented == benches, (
+        f"no command on the page: {sorted(benches - documented)}; "
+        f"no such bench: {sorted(documented - benches)}"
+    )

@@ -1,4 +1,6 @@
-"""The README's code and commands stay true: its Python examples run as written."""
+"""The README's code and commands stay true: its Python examples run as written, its sessions
+print what they show, its config example loads, and its headline figures are the benchmarks
+page's."""
 
 from __future__ import annotations
 
@@ -17,6 +19,9 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 README = (ROOT / "README.md").read_text()
+# The built-in scanners' page: the scan samples the mock-host presets reproduce.
+SCANNERS = (ROOT / "docs" / "scanners.md").read_text()
+BENCHMARKS = ROOT / "docs" / "benchmarks.md"
 
 
 def python_blocks() -> list[str]:
@@ -201,7 +206,7 @@ def test_the_scan_samples_come_from_the_mock_host_presets(
     wrapper = shutil.which("umockdev-wrapper")
     if wrapper is None:
         pytest.skip("needs umockdev-wrapper (.ci/run installs umockdev)")
-    (sample,) = [block for block in plain_blocks(README) if block[0] == f"$ {command}"]
+    (sample,) = [block for block in plain_blocks(SCANNERS) if block[0] == f"$ {command}"]
     host = short_dir / "host"
     built = subprocess.run(
         [sys.executable, "-m", "devplug.testing", "mock-host", str(host), "--preset", preset],
@@ -222,7 +227,7 @@ def test_the_scan_samples_come_from_the_mock_host_presets(
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.splitlines() == sample[1:]
-    assert f"--preset {preset}" in README
+    assert f"--preset {preset}" in SCANNERS
 
 
 # ------------------------------------------------------------------------ setup commands
@@ -261,3 +266,62 @@ def test_the_setup_commands_need_no_sudo_as_root_and_use_it_otherwise() -> None:
                 assert sudo_prefix(command, as_nobody=True) == "sudo"
         else:
             assert sudo_prefix(command, as_nobody=False) == "sudo"
+
+
+# ------------------------------------------------------------------------ configure
+
+
+def test_the_configure_example_is_a_config_devplug_accepts(tmp_path: Path) -> None:
+    from devplug.config import load_settings
+    from devplug.scanners.registry import build_scanners
+
+    (example,) = [lines for language, lines in fenced(section("Configure")) if language == "yaml"]
+    config = tmp_path / "config.yaml"
+    config.write_text("\n".join(example) + "\n")
+    settings = load_settings(config, {}, [], {})
+    (scanner,) = build_scanners(settings.scanners)
+    assert scanner.name == "generic"
+
+
+# ------------------------------------------------------------------------ headline figures
+
+LINK = re.compile(r"\[([^\]]*)\]\(([^)\s]+)\)")
+NUMBER = re.compile(r"\d+(?:[.,]\d+)*")
+
+
+def benchmarks_section(anchor: str) -> str:
+    """The text of the benchmarks page's section whose heading has this GitHub anchor."""
+    from test_links import heading_anchors
+
+    text = BENCHMARKS.read_text()
+    headings = list(re.finditer(r"^(#{2,3}) (.+)$", text, flags=re.MULTILINE))
+    anchors = heading_anchors("\n".join(match.group(0) for match in headings))
+    for match, slug in zip(headings, anchors, strict=True):
+        if slug == anchor:
+            end = text.find("\n## ", match.end())
+            return text[match.end() : end if end != -1 else None]
+    raise AssertionError(f"docs/benchmarks.md has no section #{anchor}")
+
+
+def headline_rows() -> list[list[str]]:
+    text = section("Headline figures")
+    return [
+        [cell.strip() for cell in line.strip().strip("|").split("|")]
+        for line in text.splitlines()
+        if line.startswith("| [")
+    ]
+
+
+def test_every_headline_figure_is_the_benchmarks_pages() -> None:
+    """A headline row links to its section of docs/benchmarks.md, and every number the row
+    gives (figure, floor, goal) is written there: the README cannot drift from the page that
+    names the command and the conditions."""
+    rows = headline_rows()
+    assert len(rows) >= 5
+    for row in rows:
+        (link,) = LINK.findall(row[0])
+        target, _, anchor = link[1].partition("#")
+        assert target == "docs/benchmarks.md" and anchor, row[0]
+        text = benchmarks_section(anchor)
+        missing = [n for cell in row[1:] for n in NUMBER.findall(cell) if n not in text]
+        assert not missing, f"{row[0]}: not in docs/benchmarks.md#{anchor}: {missing}"
