@@ -32,7 +32,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -53,11 +53,12 @@ from devplug.cdi.stamps import file_stamp
 from devplug.cdi.store import ForeignSpecError, SpecHeldError, SpecStore
 from devplug.config import CdiSettings, Settings
 from devplug.model import DeviceInfo, DeviceNode, Health
+from devplug.testing import eventually
 from devplug.testing.harness import (
     StaticScanner,
     daemon_process,
     daemon_settings,
-    running_daemon,
+    in_process_daemon,
 )
 from devplug.testing.simulator import KubeletSimulator
 from devplug.testing.umockdev import UmockdevHost, add_usb_serial
@@ -82,12 +83,6 @@ def devices(count: int) -> dict[str, DeviceInfo]:
 
 def settings(kubelet_dir: Path, cdi_dir: Path, **cdi: Any) -> Settings:
     return daemon_settings(kubelet_dir, cdi=CdiSettings(dir=cdi_dir, **cdi))
-
-
-async def eventually(condition: Callable[[], bool], timeout: float = 5.0) -> None:
-    async with asyncio.timeout(timeout):
-        while not condition():  # noqa: ASYNC110 - files on disk, no event to await
-            await asyncio.sleep(0.01)
 
 
 def overwrite_in_place(path: Path, data: bytes) -> None:
@@ -237,12 +232,12 @@ async def test_a_deleted_state_dir_gets_its_records_back_and_a_restart_serves_it
     kubelet: KubeletSimulator, kubelet_dir: Path, cdi_dir: Path
 ) -> None:
     config = settings(kubelet_dir, cdi_dir, keep_on_exit=True)
-    async with running_daemon(config, [StaticScanner({SERIAL: devices(2)})]) as daemon:
+    async with in_process_daemon(config, [StaticScanner({SERIAL: devices(2)})]) as daemon:
         await kubelet.wait_for_plugin(SERIAL)
         await daemon.stats.wait_for(lambda s: SERIAL in s.cdi_specs, timeout=5)
         shutil.rmtree(cdi_dir / STATE_DIR)  # a mistaken clean-up of hidden dirs
         await eventually(lambda: record_path(cdi_dir, NAME).exists())
-    async with running_daemon(config, [StaticScanner({SERIAL: devices(2)})]) as daemon:
+    async with in_process_daemon(config, [StaticScanner({SERIAL: devices(2)})]) as daemon:
         await daemon.stats.wait_for(lambda s: SERIAL in s.cdi_specs, timeout=5)
         assert SERIAL in daemon.cdi_catalog.resources()
 
@@ -256,12 +251,12 @@ async def test_a_holder_gone_without_a_trace_is_taken_over_at_once(
     async with contextlib.AsyncExitStack() as second_stack:
         async with contextlib.AsyncExitStack() as first_stack:
             first = await first_stack.enter_async_context(
-                running_daemon(config, [StaticScanner({SERIAL: devices(2)})])
+                in_process_daemon(config, [StaticScanner({SERIAL: devices(2)})])
             )
             await kubelet.wait_for_plugin(SERIAL)
             await first.stats.wait_for(lambda s: SERIAL in s.cdi_specs, timeout=5)
             second = await second_stack.enter_async_context(
-                running_daemon(config, [StaticScanner({SERIAL: devices(3)})])
+                in_process_daemon(config, [StaticScanner({SERIAL: devices(3)})])
             )
             # Several failures: its back-off has grown past a few seconds.
             await second.stats.wait_for(lambda s: s.cdi_failures >= 3, timeout=15)
@@ -274,7 +269,7 @@ async def test_a_holder_gone_without_a_trace_is_taken_over_at_once(
 async def test_a_truncated_spec_is_noticed_and_written_again(
     kubelet: KubeletSimulator, kubelet_dir: Path, cdi_dir: Path
 ) -> None:
-    async with running_daemon(
+    async with in_process_daemon(
         settings(kubelet_dir, cdi_dir), [StaticScanner({SERIAL: devices(2)})]
     ) as daemon:
         await kubelet.wait_for_plugin(SERIAL)
@@ -289,7 +284,7 @@ async def test_an_in_place_rewrite_with_the_mtime_put_back_is_noticed(
     kubelet: KubeletSimulator, kubelet_dir: Path, cdi_dir: Path
 ) -> None:
     with structlog.testing.capture_logs() as logs:
-        async with running_daemon(
+        async with in_process_daemon(
             settings(kubelet_dir, cdi_dir), [StaticScanner({SERIAL: devices(2)})]
         ) as daemon:
             await kubelet.wait_for_plugin(SERIAL)
@@ -313,7 +308,7 @@ async def test_a_corrupt_record_of_another_file_does_not_stop_the_specs(
         '{"resource":"r","instance":"static","owner":"","contents":[["h",1e999]]}'
     )
     with structlog.testing.capture_logs() as logs:
-        async with running_daemon(
+        async with in_process_daemon(
             settings(kubelet_dir, cdi_dir), [StaticScanner({SERIAL: devices(2)})]
         ) as daemon:
             await kubelet.wait_for_plugin(SERIAL)
@@ -334,7 +329,7 @@ async def test_an_unreadable_record_without_its_spec_blocks_nothing(
         os.symlink("/nonexistent", record)
     else:
         record.write_bytes(b" " * (1 << 20) + b"{}")
-    async with running_daemon(
+    async with in_process_daemon(
         settings(kubelet_dir, cdi_dir), [StaticScanner({SERIAL: devices(2)})]
     ) as daemon:
         await kubelet.wait_for_plugin(SERIAL)
@@ -461,7 +456,7 @@ async def test_a_state_dir_others_may_write_in_is_refused_in_one_line(
     state.mkdir(parents=True)
     state.chmod(0o777)
     with structlog.testing.capture_logs() as logs:
-        async with running_daemon(
+        async with in_process_daemon(
             settings(kubelet_dir, cdi_dir), [StaticScanner({SERIAL: devices(1)})]
         ) as daemon:
             await kubelet.wait_for_plugin(SERIAL)
@@ -493,7 +488,7 @@ async def test_a_frozen_holder_of_the_state_dirs_mutex_cannot_hold_up_the_shutdo
     try:
         with structlog.testing.capture_logs() as logs:
             async with asyncio.timeout(POD_GRACE_S):  # a bound on the stop, not a latency
-                async with running_daemon(config, [StaticScanner(resources)]) as daemon:
+                async with in_process_daemon(config, [StaticScanner(resources)]) as daemon:
                     await daemon.stats.wait_for(lambda s: len(s.cdi_specs) == 8, timeout=10)
                     holder = os.open(cdi_dir / STATE_DIR / MUTEX_FILE, os.O_RDONLY)
                     fcntl.flock(holder, fcntl.LOCK_EX)  # another process's, frozen
@@ -504,7 +499,7 @@ async def test_a_frozen_holder_of_the_state_dirs_mutex_cannot_hold_up_the_shutdo
     finally:
         if holder is not None:
             os.close(holder)
-    async with running_daemon(config, [StaticScanner({})]):
+    async with in_process_daemon(config, [StaticScanner({})]):
         await eventually(lambda: not list(cdi_dir.glob("*.json")))
 
 

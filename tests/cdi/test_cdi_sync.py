@@ -34,7 +34,8 @@ from devplug.config import CdiSettings, Settings
 from devplug.model import ContainerAllocation, DeviceInfo, DeviceNode, DeviceTree, Health, Mount
 from devplug.naming import TEMP_PREFIX
 from devplug.scanners.udev import UdevSource
-from devplug.testing.harness import StaticScanner, daemon_settings, running_daemon
+from devplug.testing import eventually
+from devplug.testing.harness import StaticScanner, daemon_settings, in_process_daemon
 from devplug.testing.simulator import KubeletSimulator, PluginSession
 
 SERIAL = "example.com/serial"
@@ -61,13 +62,6 @@ def devices(
 
 def name(device_id: str, kind: str = SERIAL) -> str:
     return f"{kind}={device_id}"
-
-
-async def eventually(condition: Callable[[], bool], timeout: float = 5.0) -> None:
-    """Wait until ``condition()`` holds (state owned by the daemon, with no event to await)."""
-    async with asyncio.timeout(timeout):
-        while not condition():  # noqa: ASYNC110 - the CDI task exposes state, not events
-            await asyncio.sleep(0.005)
 
 
 def spec_on_disk(path: Path) -> dict[str, Any]:
@@ -209,7 +203,7 @@ async def test_a_spec_is_written_when_a_resource_appears(
     kubelet: KubeletSimulator, kubelet_dir: Path, cdi_dir: Path
 ) -> None:
     scanner = StaticScanner({SERIAL: devices(2)})
-    async with running_daemon(settings(kubelet_dir, cdi_dir), [scanner]) as daemon:
+    async with in_process_daemon(settings(kubelet_dir, cdi_dir), [scanner]) as daemon:
         await started(kubelet)
         path = cdi_dir / SERIAL_SPEC
         await eventually(path.exists, timeout=2)
@@ -245,7 +239,7 @@ async def test_the_daemon_hands_its_cdi_task_the_scan_loops_quiet(
 ) -> None:
     """CDI work yields to the hotplug path: the daemon gives the task the scan loop's quiet
     (the task's own waiting is tested in test_cdi_yielding)."""
-    async with running_daemon(settings(kubelet_dir, cdi_dir), [StaticScanner({})]) as daemon:
+    async with in_process_daemon(settings(kubelet_dir, cdi_dir), [StaticScanner({})]) as daemon:
         sync = daemon.cdi_sync
         assert sync is not None and sync._quiet == daemon.scan_loop.quiet
 
@@ -269,7 +263,7 @@ async def test_the_daemons_cdi_work_waits_while_a_scan_is_under_way(
     """A spec changed by one scan is not written while the next scan runs (the hotplug path
     goes first; the wait is bounded by QUIET_WAIT_MAX_S, 0.5 s), and is once it ends."""
     scanner = GatedScanner({SERIAL: devices(1)})
-    async with running_daemon(settings(kubelet_dir, cdi_dir), [scanner]) as daemon:
+    async with in_process_daemon(settings(kubelet_dir, cdi_dir), [scanner]) as daemon:
         await started(kubelet)
         path = cdi_dir / SERIAL_SPEC
         await eventually(path.exists, timeout=5)
@@ -294,7 +288,7 @@ async def test_stopping_abandons_a_pass_under_way_instead_of_writing_a_spec_to_d
     slices) ends the pass: no spec is written after the stop (shutdown would delete it)."""
     scanner = StaticScanner({SERIAL: devices(5000)})
     with structlog.testing.capture_logs() as logs:
-        async with running_daemon(settings(kubelet_dir, cdi_dir), [scanner]) as daemon:
+        async with in_process_daemon(settings(kubelet_dir, cdi_dir), [scanner]) as daemon:
             await started(kubelet, count=5000)
             # The task starts after the first lists; its pass settles 20 ms, then renders.
             await eventually(lambda: daemon._cdi_sync is not None, timeout=5)
@@ -325,7 +319,7 @@ async def test_a_stop_while_a_spec_is_renamed_in_still_removes_it(
     monkeypatch.setattr(files_module, "fsync_dir", slow_fsync_dir)
     scanner = StaticScanner({SERIAL: devices(50)})
     with structlog.testing.capture_logs() as logs:
-        async with running_daemon(settings(kubelet_dir, cdi_dir), [scanner]) as daemon:
+        async with in_process_daemon(settings(kubelet_dir, cdi_dir), [scanner]) as daemon:
             await started(kubelet, count=50)
             async with asyncio.timeout(5):
                 await inside.wait()
@@ -337,7 +331,7 @@ async def test_allocate_names_exactly_the_requested_devices(
     kubelet: KubeletSimulator, kubelet_dir: Path, cdi_dir: Path
 ) -> None:
     scanner = StaticScanner({SERIAL: devices(3)})
-    async with running_daemon(settings(kubelet_dir, cdi_dir), [scanner]) as daemon:
+    async with in_process_daemon(settings(kubelet_dir, cdi_dir), [scanner]) as daemon:
         session = await started(kubelet)
         await daemon.stats.wait_for(lambda s: SERIAL in s.cdi_specs, timeout=5)
         assert (cdi_dir / SERIAL_SPEC).exists()
@@ -356,7 +350,7 @@ async def test_annotations_name_the_devices_for_older_runtimes(
 ) -> None:
     scanner = StaticScanner({SERIAL: devices(3)})
     cdi = settings(kubelet_dir, cdi_dir, annotations=True)
-    async with running_daemon(cdi, [scanner]) as daemon:
+    async with in_process_daemon(cdi, [scanner]) as daemon:
         session = await started(kubelet)
         await daemon.stats.wait_for(lambda s: SERIAL in s.cdi_specs, timeout=5)
         (answer,) = await session.allocate(["dev0", "dev2"])
@@ -371,7 +365,7 @@ async def test_without_device_specs_only_the_cdi_names_are_sent(
 ) -> None:
     scanner = StaticScanner({SERIAL: devices(2)})
     cdi = settings(kubelet_dir, cdi_dir, device_specs=False)
-    async with running_daemon(cdi, [scanner]) as daemon:
+    async with in_process_daemon(cdi, [scanner]) as daemon:
         session = await started(kubelet)
         await daemon.stats.wait_for(lambda s: SERIAL in s.cdi_specs, timeout=5)
         (answer,) = await session.allocate(["dev0", "dev1"])
@@ -387,7 +381,7 @@ async def test_a_device_the_spec_does_not_define_yet_keeps_its_device_specs(
     faulty = faulty_dir()
     scanner = StaticScanner({SERIAL: devices(2)})
     cdi = settings(kubelet_dir, faulty.path, device_specs=False)
-    async with running_daemon(cdi, [scanner]) as daemon:
+    async with in_process_daemon(cdi, [scanner]) as daemon:
         session = await started(kubelet)
         sync = daemon.cdi_sync
         assert sync is not None
@@ -421,7 +415,7 @@ async def test_a_changed_device_is_not_named_while_its_spec_on_disk_is_stale(
 ) -> None:
     faulty = faulty_dir()
     scanner = StaticScanner({SERIAL: devices(1)})
-    async with running_daemon(settings(kubelet_dir, faulty.path), [scanner]) as daemon:
+    async with in_process_daemon(settings(kubelet_dir, faulty.path), [scanner]) as daemon:
         session = await started(kubelet)
         sync = daemon.cdi_sync
         assert sync is not None
@@ -446,7 +440,7 @@ async def test_nothing_is_rewritten_when_nothing_in_the_spec_changed(
     kubelet: KubeletSimulator, kubelet_dir: Path, cdi_dir: Path
 ) -> None:
     scanner = StaticScanner({SERIAL: devices(3)})
-    async with running_daemon(settings(kubelet_dir, cdi_dir), [scanner]) as daemon:
+    async with in_process_daemon(settings(kubelet_dir, cdi_dir), [scanner]) as daemon:
         session = await started(kubelet)
         sync = daemon.cdi_sync
         assert sync is not None
@@ -479,7 +473,7 @@ async def test_a_changed_device_rewrites_the_spec(
     kubelet: KubeletSimulator, kubelet_dir: Path, cdi_dir: Path
 ) -> None:
     scanner = StaticScanner({SERIAL: devices(2)})
-    async with running_daemon(settings(kubelet_dir, cdi_dir), [scanner]) as daemon:
+    async with in_process_daemon(settings(kubelet_dir, cdi_dir), [scanner]) as daemon:
         session = await started(kubelet)
         sync = daemon.cdi_sync
         assert sync is not None
@@ -501,7 +495,7 @@ async def test_a_resource_that_goes_away_takes_its_spec_with_it(
     kubelet: KubeletSimulator, kubelet_dir: Path, cdi_dir: Path
 ) -> None:
     scanner = StaticScanner({SERIAL: devices(1), OTHER: devices(1)})
-    async with running_daemon(settings(kubelet_dir, cdi_dir), [scanner]) as daemon:
+    async with in_process_daemon(settings(kubelet_dir, cdi_dir), [scanner]) as daemon:
         await started(kubelet)
         await eventually(
             lambda: (cdi_dir / SERIAL_SPEC).exists() and (cdi_dir / OTHER_SPEC).exists()
@@ -519,7 +513,7 @@ async def test_a_resource_whose_devices_have_nothing_to_inject_has_no_spec(
     kubelet: KubeletSimulator, kubelet_dir: Path, cdi_dir: Path
 ) -> None:
     scanner = StaticScanner({SERIAL: devices(1)})
-    async with running_daemon(settings(kubelet_dir, cdi_dir), [scanner]) as daemon:
+    async with in_process_daemon(settings(kubelet_dir, cdi_dir), [scanner]) as daemon:
         session = await started(kubelet)
         await daemon.stats.wait_for(lambda s: SERIAL in s.cdi_specs, timeout=5)
         scanner.set({SERIAL: {"dev0": DeviceInfo()}})
@@ -537,7 +531,7 @@ async def test_an_orderly_shutdown_removes_the_specs(
     cdi_dir.mkdir()
     foreign.write_text('{"kind":"vendor.example/x","devices":[]}')
     scanner = StaticScanner({SERIAL: devices(1), OTHER: devices(1)})
-    async with running_daemon(settings(kubelet_dir, cdi_dir), [scanner]) as daemon:
+    async with in_process_daemon(settings(kubelet_dir, cdi_dir), [scanner]) as daemon:
         await started(kubelet)
         await eventually(lambda: daemon.cdi_catalog.resources() == [OTHER, SERIAL])
     assert visible(cdi_dir) == [foreign.name]
@@ -548,7 +542,7 @@ async def test_keep_on_exit_leaves_the_specs(
     kubelet: KubeletSimulator, kubelet_dir: Path, cdi_dir: Path
 ) -> None:
     scanner = StaticScanner({SERIAL: devices(1)})
-    async with running_daemon(
+    async with in_process_daemon(
         settings(kubelet_dir, cdi_dir, keep_on_exit=True), [scanner]
     ) as daemon:
         await started(kubelet)
@@ -576,7 +570,7 @@ async def test_a_write_in_progress_at_shutdown_leaves_no_spec_behind(
 
     monkeypatch.setattr(store_module, "write_atomically", slow_write)
     scanner = StaticScanner({SERIAL: devices(1)})
-    async with running_daemon(settings(kubelet_dir, cdi_dir), [scanner]):
+    async with in_process_daemon(settings(kubelet_dir, cdi_dir), [scanner]):
         await started(kubelet)
         await eventually(writing.is_set)
     await asyncio.sleep(0.5)  # the worker thread has finished by now
@@ -631,7 +625,7 @@ async def test_start_up_removes_stale_specs_and_leaves_other_writers_files(
 
     scanner = StaticScanner({SERIAL: devices(2), OTHER: devices(1)})
     with structlog.testing.capture_logs() as logs:
-        async with running_daemon(settings(kubelet_dir, cdi_dir), [scanner]) as daemon:
+        async with in_process_daemon(settings(kubelet_dir, cdi_dir), [scanner]) as daemon:
             other = await started(kubelet, OTHER)
             sync = daemon.cdi_sync
             assert sync is not None
@@ -695,7 +689,7 @@ async def test_the_daemons_own_specs_are_written_before_the_start_up_clean_up(
     monkeypatch.setattr(store_module, "exclusive", counted)
     scanner = StaticScanner({SERIAL: devices(1)})
     with structlog.testing.capture_logs() as logs:
-        async with running_daemon(settings(kubelet_dir, cdi_dir), [scanner]):
+        async with in_process_daemon(settings(kubelet_dir, cdi_dir), [scanner]):
             await started(kubelet)
             await eventually(
                 lambda: (
@@ -722,7 +716,7 @@ async def test_another_kind_avoids_a_foreign_file_of_the_same_name(
     (cdi_dir / SERIAL_SPEC).write_text('{"kind":"example.com/serial","devices":[]}')
     scanner = StaticScanner({SERIAL: devices(1)})
     cdi = settings(kubelet_dir, cdi_dir, kinds={SERIAL: "vendor.example/tty"})
-    async with running_daemon(cdi, [scanner]) as daemon:
+    async with in_process_daemon(cdi, [scanner]) as daemon:
         session = await started(kubelet)
         await daemon.stats.wait_for(lambda s: SERIAL in s.cdi_specs, timeout=5)
         assert spec_on_disk(cdi_dir / "vendor.example-tty.json")["kind"] == "vendor.example/tty"
@@ -752,7 +746,7 @@ async def test_two_resources_never_share_a_spec_file(
     except pydantic.ValidationError:
         return  # refused in the config: fixed that way
     scanner = StaticScanner({first: devices(1), second: devices(1, start=1)})
-    async with running_daemon(config, [scanner]) as daemon:
+    async with in_process_daemon(config, [scanner]) as daemon:
         sessions = [await started(kubelet, first), await started(kubelet, second)]
         sync = daemon.cdi_sync
         assert sync is not None
@@ -788,7 +782,7 @@ async def test_a_failed_write_is_logged_served_around_and_retried(
     # ~40 KiB of spec: more than the full tmpfs holds.
     scanner = StaticScanner({SERIAL: devices(100, pad=300)})
     with structlog.testing.capture_logs() as logs:
-        async with running_daemon(settings(kubelet_dir, faulty.path), [scanner]) as daemon:
+        async with in_process_daemon(settings(kubelet_dir, faulty.path), [scanner]) as daemon:
             session = await started(kubelet, count=100)
             sync = daemon.cdi_sync
             assert sync is not None
@@ -820,7 +814,7 @@ async def test_a_removal_that_fails_is_retried(
     faulty = faulty_dir()
     scanner = StaticScanner({SERIAL: devices(1), OTHER: devices(1)})
     with structlog.testing.capture_logs() as logs:
-        async with running_daemon(settings(kubelet_dir, faulty.path), [scanner]) as daemon:
+        async with in_process_daemon(settings(kubelet_dir, faulty.path), [scanner]) as daemon:
             await started(kubelet)
             sync = daemon.cdi_sync
             assert sync is not None
@@ -846,7 +840,7 @@ async def test_a_resource_that_goes_before_its_spec_could_be_written_is_forgotte
     faulty = faulty_dir()
     await faulty.make_unwritable()
     scanner = StaticScanner({SERIAL: devices(1), OTHER: devices(1)})
-    async with running_daemon(settings(kubelet_dir, faulty.path), [scanner]) as daemon:
+    async with in_process_daemon(settings(kubelet_dir, faulty.path), [scanner]) as daemon:
         await started(kubelet, OTHER)
         sync = daemon.cdi_sync
         assert sync is not None
@@ -866,7 +860,7 @@ async def test_a_cdi_dir_that_is_not_a_directory_is_logged_and_served_around(
     cdi_dir.write_text("a file where the dir should be")
     scanner = StaticScanner({SERIAL: devices(1)})
     with structlog.testing.capture_logs() as logs:
-        async with running_daemon(settings(kubelet_dir, cdi_dir), [scanner]) as daemon:
+        async with in_process_daemon(settings(kubelet_dir, cdi_dir), [scanner]) as daemon:
             session = await started(kubelet)
             sync = daemon.cdi_sync
             assert sync is not None
@@ -888,7 +882,7 @@ async def test_a_cdi_dir_that_cannot_be_used_without_resources_is_logged_by_the_
 ) -> None:
     cdi_dir.write_text("a file where the dir should be")
     with structlog.testing.capture_logs() as logs:
-        async with running_daemon(settings(kubelet_dir, cdi_dir), [StaticScanner({})]):
+        async with in_process_daemon(settings(kubelet_dir, cdi_dir), [StaticScanner({})]):
             await eventually(lambda: any(e["event"] == "cdi.reconcile.failed" for e in logs))
     reconcile = [e for e in logs if e["event"] == "cdi.reconcile.failed"]
     assert [(e["dir"], e["log_level"]) for e in reconcile] == [(str(cdi_dir), "warning")]
@@ -900,7 +894,7 @@ async def test_a_resource_name_that_is_not_a_kind_gets_one(
 ) -> None:
     resource = "3d.example.com/cam"  # a kind's vendor must start with a letter
     scanner = StaticScanner({resource: devices(1)})
-    async with running_daemon(settings(kubelet_dir, cdi_dir), [scanner]) as daemon:
+    async with in_process_daemon(settings(kubelet_dir, cdi_dir), [scanner]) as daemon:
         session = await started(kubelet, resource)
         await daemon.stats.wait_for(lambda s: resource in s.cdi_specs, timeout=5)
         document = spec_on_disk(cdi_dir / "x3d.example.com-cam.json")
@@ -919,7 +913,7 @@ async def test_with_cdi_disabled_nothing_is_written_or_named(
 ) -> None:
     scanner = StaticScanner({SERIAL: devices(2)})
     cdi = settings(kubelet_dir, cdi_dir, enabled=False, annotations=True)
-    async with running_daemon(cdi, [scanner]) as daemon:
+    async with in_process_daemon(cdi, [scanner]) as daemon:
         session = await started(kubelet)
         assert daemon.cdi_sync is None
         scanner.set({SERIAL: devices(3)})
@@ -949,7 +943,7 @@ async def test_while_a_spec_is_replaced_only_unchanged_devices_are_named(
     from devplug.cdi.passes import carry_out as real
 
     scanner = StaticScanner({SERIAL: devices(3)})
-    async with running_daemon(settings(kubelet_dir, cdi_dir), [scanner]) as daemon:
+    async with in_process_daemon(settings(kubelet_dir, cdi_dir), [scanner]) as daemon:
         await started(kubelet)
         await daemon.stats.wait_for(lambda s: SERIAL in s.cdi_specs, timeout=5)
 
@@ -981,11 +975,11 @@ async def test_a_second_daemon_on_the_same_dirs_leaves_the_first_ones_specs(
     or delete the specs the first one serves; it takes them over once the first is gone."""
     config = settings(kubelet_dir, cdi_dir)
     with structlog.testing.capture_logs() as logs:
-        async with running_daemon(config, [StaticScanner({SERIAL: devices(2)})]) as first:
+        async with in_process_daemon(config, [StaticScanner({SERIAL: devices(2)})]) as first:
             session = await started(kubelet)
             await first.stats.wait_for(lambda s: SERIAL in s.cdi_specs, timeout=5)
             before = stamp(cdi_dir / SERIAL_SPEC)
-            async with running_daemon(config, [StaticScanner({SERIAL: devices(2)})]) as second:
+            async with in_process_daemon(config, [StaticScanner({SERIAL: devices(2)})]) as second:
                 sync = second.cdi_sync
                 assert sync is not None
                 await second.stats.wait_for(lambda s: s.cdi_failures >= 1, timeout=5)
@@ -1008,10 +1002,10 @@ async def test_a_daemon_takes_over_a_spec_the_other_one_lets_go(
     kubelet: KubeletSimulator, kubelet_dir: Path, cdi_dir: Path
 ) -> None:
     config = settings(kubelet_dir, cdi_dir)
-    async with running_daemon(config, [StaticScanner({SERIAL: devices(2)})]) as first:
+    async with in_process_daemon(config, [StaticScanner({SERIAL: devices(2)})]) as first:
         await started(kubelet)
         await first.stats.wait_for(lambda s: SERIAL in s.cdi_specs, timeout=5)
-        async with running_daemon(config, [StaticScanner({SERIAL: devices(3)})]) as second:
+        async with in_process_daemon(config, [StaticScanner({SERIAL: devices(3)})]) as second:
             sync = second.cdi_sync
             assert sync is not None
             await second.stats.wait_for(lambda s: s.cdi_failures >= 1, timeout=5)
@@ -1029,7 +1023,7 @@ async def test_a_spec_deleted_behind_the_daemons_back_is_written_again_at_once(
     kubelet: KubeletSimulator, kubelet_dir: Path, cdi_dir: Path
 ) -> None:
     with structlog.testing.capture_logs() as logs:
-        async with running_daemon(
+        async with in_process_daemon(
             settings(kubelet_dir, cdi_dir), [StaticScanner({SERIAL: devices(2)})]
         ) as daemon:
             await started(kubelet)
@@ -1069,7 +1063,7 @@ async def test_odd_files_in_the_cdi_dir_do_not_stop_the_daemon(
     marked = claiming_spec(SERIAL, "static")
     (cdi_dir / "copy.yaml").write_bytes(marked)  # a spec that says it is ours, as .yaml
     (cdi_dir / "deep.json").write_text("[" * 200_000)  # the JSON parser's recursion limit
-    async with running_daemon(
+    async with in_process_daemon(
         settings(kubelet_dir, cdi_dir), [StaticScanner({SERIAL: devices(1)})]
     ) as daemon:
         session = await started(kubelet)
@@ -1083,11 +1077,11 @@ async def test_a_restart_with_the_same_devices_does_not_rewrite_the_spec(
     kubelet: KubeletSimulator, kubelet_dir: Path, cdi_dir: Path
 ) -> None:
     config = settings(kubelet_dir, cdi_dir, keep_on_exit=True)
-    async with running_daemon(config, [StaticScanner({SERIAL: devices(2)})]) as daemon:
+    async with in_process_daemon(config, [StaticScanner({SERIAL: devices(2)})]) as daemon:
         await started(kubelet)
         await daemon.stats.wait_for(lambda s: SERIAL in s.cdi_specs, timeout=5)
     before = stamp(cdi_dir / SERIAL_SPEC)
-    async with running_daemon(config, [StaticScanner({SERIAL: devices(2)})]) as daemon:
+    async with in_process_daemon(config, [StaticScanner({SERIAL: devices(2)})]) as daemon:
         await daemon.stats.wait_for(lambda s: SERIAL in s.cdi_specs, timeout=5)
         assert daemon.cdi_sync is not None and daemon.cdi_sync.writes == 0
     assert stamp(cdi_dir / SERIAL_SPEC) == before

@@ -122,11 +122,6 @@ async def in_process_daemon(
             await task
 
 
-# The CDI tests (tests/cdi/) import the in-process runner under this name; it goes when they
-# use in_process_daemon.
-running_daemon = in_process_daemon
-
-
 @contextlib.asynccontextmanager
 async def daemon_process(
     config: Path,
