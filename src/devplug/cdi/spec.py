@@ -83,18 +83,6 @@ def qualified_name(kind: str, name: str) -> str:
     return f"{kind}={name}"
 
 
-def parse_qualified_name(text: str) -> tuple[str, str, str]:
-    """``"vendor/class=name"`` -> (vendor, class, name); raises CdiSpecError if invalid."""
-    kind, sep, name = text.partition("=")
-    if not sep:
-        raise CdiSpecError(f"unqualified device {text!r}, missing '='")
-    vendor, cls = parse_kind(kind)
-    problem = device_name_problem(name)
-    if problem is not None:
-        raise CdiSpecError(f"invalid device {text!r}: {problem}")
-    return vendor, cls, name
-
-
 # ------------------------------------------------------------------------- the model
 
 
