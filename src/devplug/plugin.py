@@ -317,10 +317,11 @@ def _serve(
     guard: SignalGuard,
     log: Any,
 ) -> int:
-    # Before grpc loads: its core's own lines would bypass the JSON log (see logconfig).
-    from devplug.logconfig import quiet_grpc_core
+    # Before grpc loads: its core's own lines, read back into the log (see logconfig).
+    from devplug.logconfig import CoreStderr
 
-    quiet_grpc_core()
+    core_stderr = CoreStderr()
+    core_stderr.capture()
     import asyncio
 
     import structlog
@@ -335,6 +336,7 @@ def _serve(
         daemon = Daemon(settings, scanners, freeze_gc=True, config_loader=reload_config)
         resume_gc()  # everything the daemon runs with is imported; its scans allocate
         loop = asyncio.get_running_loop()
+        core_stderr.follow(loop)
         # Its last words are said from a signal handler, past structlog's print lock.
         backstop = Backstop(daemon.stop_budget, structlog.wrap_logger(UnlockedStderr()), loop)
         backstops.append(backstop)
@@ -355,6 +357,7 @@ def _serve(
             outcome = await run_within_budget(daemon.run(), daemon.stop_budget, stopped)
         finally:
             guard.detach()
+            core_stderr.unfollow()
         if outcome.overdue:
             end_overdue(outcome, daemon.stop_budget, log, status)
         return status
@@ -364,6 +367,7 @@ def _serve(
     except Exception as exc:  # before the daemon ran: building it failed
         status = _crashed(exc, program)
     finally:
+        core_stderr.release()
         # The interpreter's exit waits for every non-daemon thread (one a hook started) for
         # good: bounded by what is left of the budget, and ended by a stop signal (the guard
         # keeps passing them to the backstop while it is armed).

@@ -345,24 +345,25 @@ class Backstop:
         )
 
 
-def _stderr() -> Any:
-    """stderr for faulthandler: the file if it has a descriptor, else descriptor 2."""
+def _stderr() -> int:
+    """The descriptor of ``sys.stderr`` (which may not be 2: devplug.logconfig.CoreStderr),
+    else 2."""
     try:
-        sys.stderr.fileno()
+        return sys.stderr.fileno()
     except (AttributeError, ValueError, OSError):
         return 2
-    return sys.stderr
 
 
 class UnlockedStderr:
-    """A structlog logger that writes each line to descriptor 2 with ``os.write``: for the
-    last words of a process said from a signal handler, which may have interrupted a line
-    written under structlog's print lock (taking that lock again would hang)."""
+    """A structlog logger that writes each line to stderr's descriptor with ``os.write``:
+    for the last words of a process said from a signal handler, which may have interrupted
+    a line written under structlog's print lock (taking that lock again would hang)."""
 
     def msg(self, message: str) -> None:
         data = (message + "\n").encode(errors="replace")
+        fd = _stderr()
         with contextlib.suppress(OSError):
             while data:
-                data = data[os.write(2, data) :]
+                data = data[os.write(fd, data) :]
 
     log = debug = info = warning = error = critical = exception = msg
