@@ -49,7 +49,7 @@ if TYPE_CHECKING:
         ResourceStopper,
         Scanner,
     )
-    from devplug.scanners.incremental import TouchedPaths, TreeEdit
+    from devplug.scanners.incremental import RemovedPaths, TouchedPaths, TreeEdit
     from devplug.scanners.registry import with_builtins
     from devplug.scanners.udev import UdevDevice, UdevEvent, UdevSource
     from devplug.sizing import list_message_bytes
@@ -90,7 +90,7 @@ _LAZY = {
         ),
         "devplug.scanners.base",
     ),
-    **dict.fromkeys(("TouchedPaths", "TreeEdit"), "devplug.scanners.incremental"),
+    **dict.fromkeys(("RemovedPaths", "TouchedPaths", "TreeEdit"), "devplug.scanners.incremental"),
     **dict.fromkeys(("UdevDevice", "UdevEvent", "UdevSource"), "devplug.scanners.udev"),
     **dict.fromkeys(("SectionSettings", "Settings", "load_settings"), "devplug.config"),
     "serve": "devplug.cli",
@@ -122,6 +122,7 @@ __all__ = [
     "PostAllocator",
     "PreferredAllocator",
     "PreferredPolicy",
+    "RemovedPaths",
     "Reporter",
     "ResourceNamer",
     "ResourceStarter",

@@ -40,9 +40,17 @@ class IncrementalScanner(Protocol):
     A full scan of a big host takes hundreds of milliseconds; an event names the few devices
     that changed. ``subsystems`` are the subsystems whose events may change the scanner's
     devices (None: any), used to filter the event socket. ``rescan`` gets the scanner's
-    previous tree and a batch of events, re-reads the devices they name from sysfs (the events
-    are hints, not state), and returns the whole new tree, or None to ask for a full scan.
-    Scanners without this protocol are fully rescanned on every batch of events.
+    previous tree and a batch of events, re-reads the devices they name from sysfs (an
+    ``add`` or ``change`` says where to look; sysfs says what is there), and returns the whole
+    new tree, or None to ask for a full scan. Scanners without this protocol are fully
+    rescanned on every batch of events.
+
+    A ``remove`` event is believed, not re-read: the kernel sends it before it deletes the
+    device's sysfs dir, so a re-read may still find the device. Whatever a scanner returns,
+    the scan runner leaves out every device whose ``sources`` all lie at or below a removed
+    path; a scanner whose devices are built from several sources, of which a removal may take
+    only some (a GPU's drm minors), asks :class:`~devplug.scanners.incremental.RemovedPaths`
+    which are gone.
     """
 
     name: str

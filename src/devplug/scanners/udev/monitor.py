@@ -28,8 +28,9 @@ MONITOR_BUFFER_BYTES = 8 * 1024 * 1024
 
 @dataclass(frozen=True, slots=True)
 class UdevEvent:
-    """What a uevent said happened. A hint of where to look, never trusted as device state:
-    scanners re-read the device from sysfs."""
+    """What a uevent said happened. ``add`` and ``change`` say where to look: scanners re-read
+    the device from sysfs. ``remove`` is believed (the kernel sends it before it deletes the
+    device's sysfs dir): :class:`~devplug.scanners.incremental.RemovedPaths`."""
 
     action: str
     sys_path: str
