@@ -299,21 +299,12 @@ async def test_a_second_sigterm_ends_a_load_that_swallowed_the_first(
     ("signum", "status"), [(signal.SIGTERM, 0), (signal.SIGINT, 130)], ids=["SIGTERM", "SIGINT"]
 )
 async def test_a_stop_signal_while_the_config_file_blocks_ends_the_process(
-    signum: int, status: int, kubelet_dir: Path, short_dir: Path
+    signum: int, status: int, short_dir: Path
 ) -> None:
     """A config path that is a FIFO nobody writes (or a hung mount): the read never returns."""
     fifo = short_dir / "config.fifo"
     os.mkfifo(fifo)
-    process = await asyncio.create_subprocess_exec(
-        sys.executable,
-        str(plugin_script(short_dir)),
-        "run",
-        "--config",
-        str(fifo),
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-        env=PLUGIN_ENV,
-    )
+    process = await start(short_dir, fifo)
     writer = None
     try:
         # A writer can open the FIFO once the process has it open for reading: it is in the
