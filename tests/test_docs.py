@@ -64,7 +64,7 @@ SETTINGS_MODELS = {
     VfioSettings,
     VfioDeviceEntry,
 }
-SUBCOMMANDS = {"run", "scan", "capture", "cdi", "dra", "status", "version"}
+SUBCOMMANDS = {"run", "scan", "capture", "cdi", "dra", "status", "cordon", "uncordon", "version"}
 
 
 # ------------------------------------------------------------------------ configuration

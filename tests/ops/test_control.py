@@ -160,7 +160,9 @@ async def test_a_stale_socket_is_taken_over_and_a_live_one_left_alone(kubelet_di
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         (refused,) = [e for e in logs if e["event"] == "control.unavailable"]
-        assert "another daemon listens" in refused["reason"] and refused["log_level"] == "error"
+        assert "another process is serving on" in refused["reason"]
+        assert "a second daemon of the same name" in refused["reason"]
+        assert refused["log_level"] == "error"
         assert first.intact()  # the second daemon took nothing, removed nothing
         assert (await ask(path, {"op": "list"}, 10))["ok"] is True
 

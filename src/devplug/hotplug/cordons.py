@@ -225,15 +225,17 @@ class CordonBook:
             cordons = await asyncio.to_thread(read_state, self.path)
         except (OSError, ValueError) as exc:
             reason = f"{exc.strerror or exc}" if isinstance(exc, OSError) else str(exc)
-            first = self.unreadable is None
+            fields = {
+                "file": str(self.path),
+                "reason": reason,
+                "effect": "every device advertised Unhealthy; cordon changes refused",
+                "fix": "fix or remove the file, then reload (SIGHUP)",
+            }
+            if self.unreadable is None:
+                log.error("cordons.unreadable", **fields)
+            else:  # still: the reload that was to fix it did not
+                log.warning("cordons.unreadable", **fields)
             self.unreadable = reason
-            (log.error if first else log.warning)(
-                "cordons.unreadable",
-                file=str(self.path),
-                reason=reason,
-                effect="every device advertised Unhealthy; cordon changes refused",
-                fix="fix or remove the file, then reload (SIGHUP)",
-            )
             return
         if self.unreadable is not None:
             log.info("cordons.readable", file=str(self.path))

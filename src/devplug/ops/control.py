@@ -49,6 +49,7 @@ from typing import Any
 import structlog
 
 from devplug._kits.problems import ProblemLog, error_reason
+from devplug._kits.socket_claim import SocketIdentity, SocketInUseError, claim, release
 from devplug._kits.values import Watchable
 from devplug.naming import TEMP_PREFIX
 
@@ -77,10 +78,6 @@ Handler = Callable[[dict[str, Any]], Awaitable[dict[str, Any]]]
 
 class ChannelError(Exception):
     """A command got no answer from the daemon: the message says why."""
-
-
-class _InUse(Exception):
-    """The socket's name is taken by a live socket, or by something else."""
 
 
 def encode(message: Mapping[str, Any]) -> bytes:
@@ -160,15 +157,6 @@ async def ask(path: Path, request: Mapping[str, Any], timeout: float) -> dict[st
         raise ChannelError(f"{path}: the answer is {exc}") from None
 
 
-def _identity(path: Path) -> tuple[int, int] | None:
-    """(inode, mtime): tells one socket at ``path`` from the next; None if not a socket."""
-    try:
-        st = os.lstat(path)
-    except OSError:
-        return None
-    return (st.st_ino, st.st_mtime_ns) if stat.S_ISSOCK(st.st_mode) else None
-
-
 def _own_dir(directory: Path) -> None:
     """Make the control dir (0700) if it is missing; refuse one that is not a dir of ours, and
     narrow one that others may enter. Blocking (a few syscalls)."""
@@ -176,7 +164,7 @@ def _own_dir(directory: Path) -> None:
         os.mkdir(directory, DIR_MODE)
     st = os.lstat(directory)
     if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid():
-        raise _InUse(f"{directory} is not a directory of the daemon's user; remove it")
+        raise SocketInUseError(f"{directory} is not a directory of the daemon's user; remove it")
     if stat.S_IMODE(st.st_mode) != DIR_MODE:
         os.chmod(directory, DIR_MODE)
 
@@ -215,7 +203,7 @@ class ControlChannel:
         self.answer_timeout_s = answer_timeout_s
         self.max_connections = max_connections
         self._listener: socket.socket | None = None
-        self._own: tuple[int, int] | None = None
+        self._own: SocketIdentity | None = None
         self._accepting: asyncio.Task[None] | None = None
         self._connections: set[_Connection] = set()
         self.evicted = 0  # connections closed mid-request to make room for a new one
@@ -223,7 +211,7 @@ class ControlChannel:
 
     def intact(self) -> bool:
         """Whether it listens and ``path`` is still its socket."""
-        return self._listener is not None and _identity(self.path) == self._own
+        return self._listener is not None and SocketIdentity.of(self.path) == self._own
 
     async def run(self) -> None:
         """Listen, and listen again whenever the socket is gone, until cancelled."""
@@ -240,7 +228,7 @@ class ControlChannel:
     async def _relisten(self, problems: ProblemLog) -> None:
         try:
             await self.listen()
-        except (OSError, _InUse) as exc:
+        except (OSError, SocketInUseError) as exc:
             missing = not self.path.parent.parent.is_dir()
             reason = error_reason(exc) if isinstance(exc, OSError) else str(exc)
             problems.report(
@@ -270,7 +258,8 @@ class ControlChannel:
         return seen
 
     async def listen(self) -> None:
-        """(Re)make the socket and accept on it. OSError or _InUse: it could not be made."""
+        """(Re)make the socket and accept on it. OSError or SocketInUseError: it could not be
+        made."""
         await self.close()
         directory = self.path.parent
         _own_dir(directory)
@@ -281,7 +270,13 @@ class ControlChannel:
             os.chmod(temporary, SOCKET_MODE)
             listener.listen(LISTEN_BACKLOG)
             listener.setblocking(False)
-            await self._claim(temporary)
+            await claim(
+                temporary,
+                self.path,
+                in_use_probe_s=1.0,
+                in_use_hint="is a second daemon of the same name running on this node?",
+                on_stale_removed=self._stale_removed,
+            )
         except BaseException:
             listener.close()
             raise
@@ -289,38 +284,11 @@ class ControlChannel:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(temporary)
         self._listener = listener
-        self._own = _identity(self.path)
+        self._own = SocketIdentity.of(self.path)
         self._accepting = asyncio.create_task(self._accept_loop(), name="control-accept")
 
-    async def _claim(self, temporary: Path) -> None:
-        """Hard-link ``temporary`` to ``path``, replacing only a stale socket there."""
-        for _ in range(3):
-            try:
-                os.link(temporary, self.path)
-                return
-            except FileExistsError:
-                await self._remove_if_stale()
-        raise _InUse(f"{self.path} keeps being made again by someone else")
-
-    async def _remove_if_stale(self) -> None:
-        try:
-            mode = os.lstat(self.path).st_mode
-        except FileNotFoundError:
-            return
-        if not stat.S_ISSOCK(mode):
-            raise _InUse(f"{self.path} exists and is not a socket; remove it")
-        try:
-            async with asyncio.timeout(1.0):
-                _, writer = await asyncio.open_unix_connection(self.path)
-        except ConnectionRefusedError:
-            log.info("control.stale_socket.removed", socket=str(self.path))
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(self.path)
-            return
-        except (OSError, TimeoutError) as exc:
-            raise _InUse(f"{self.path} is in use or unreachable: {exc}") from None
-        writer.close()
-        raise _InUse(f"another daemon listens on {self.path}: is a second one running?")
+    def _stale_removed(self) -> None:
+        log.info("control.stale_socket.removed", socket=str(self.path))
 
     async def close(self) -> None:
         """Stop accepting, end every connection, remove the socket if it is still ours."""
@@ -338,9 +306,7 @@ class ControlChannel:
         self._listener = self._own = None
         if listener is not None:
             listener.close()
-            if own is not None and _identity(self.path) == own:
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(self.path)
+            release(self.path, own)
 
     # ------------------------------------------------------------------ admission
 
