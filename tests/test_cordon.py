@@ -16,6 +16,8 @@ from typing import Any
 
 import pytest
 from helpers import health
+from test_plugin_entry import start as start_plugin
+from test_plugin_entry import write_config as write_plugin_config
 from test_status import run_status
 
 from devplug.model import DeviceInfo, DeviceNode
@@ -355,3 +357,33 @@ async def test_an_unreadable_state_file_holds_every_device_until_it_is_fixed(
     listed = await session.wait_for_update(lambda listed: listed["s0"].health == "Healthy")
     assert health(listed) == {"s0": "Healthy", "s1": "Unhealthy"}
     assert cordoned(await status_document(kubelet_dir))["s1"]["reason"] == "bad fan"
+
+
+async def test_a_plugin_authors_daemon_has_a_socket_of_its_own_name(
+    kubelet: KubeletSimulator, kubelet_dir: Path, short_dir: Path
+) -> None:
+    """``serve(..., program="dummy-plugin")``: its control socket and state file are named
+    after it (so it and devplug can share a node), and ``devplug cordon`` finds it."""
+    process = await start_plugin(short_dir, write_plugin_config(short_dir, kubelet_dir, 2))
+    try:
+        session = await kubelet.wait_for_plugin("example.com/dummy", timeout=60)
+        await session.wait_for_update()
+        code, _, err = await devplug(
+            "cordon",
+            "example.com/dummy",
+            "dev1",
+            "--reason",
+            "x",
+            "--kubelet-dir",
+            str(kubelet_dir),
+        )
+        assert code == 0, err
+        await session.wait_for_update(lambda listed: listed["dev1"].health == "Unhealthy")
+        own = kubelet_dir / "devplug"
+        assert sorted(p.name for p in own.iterdir()) == [
+            "dummy-plugin.cordons.json",
+            "dummy-plugin.sock",
+        ]
+    finally:
+        process.terminate()
+        await process.communicate()

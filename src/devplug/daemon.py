@@ -59,7 +59,7 @@ from devplug.kubelet.registration import KubeletDirWatcher
 from devplug.kubelet.server import DEFAULT_TIMING, ServerTiming
 from devplug.kubelet.servers import ResourceServers
 from devplug.model import ContainerAllocation, DeviceTree
-from devplug.ops.control import ControlChannel, control_dir, socket_path
+from devplug.ops.control import ControlChannel, control_dir, control_name, socket_path
 from devplug.ops.http import StatusEndpoint
 from devplug.ops.metrics import Metrics
 from devplug.ops.systemd import SystemdNotifier
@@ -139,6 +139,7 @@ class Daemon:
         hotplug = settings.hotplug
         # The operator's cordons, kept beside the sockets (the program's ``name`` keeps two
         # daemons on a node apart); the health gate applies them to the advertised tree.
+        name = control_name(name)
         self.cordons = CordonBook(control_dir(settings.kubelet_dir) / f"{name}{STATE_SUFFIX}")
         listener = UeventListener(
             choose_source(hotplug.source, udev_control),

@@ -333,7 +333,9 @@ def _serve(
     backstops: list[Backstop] = []  # the run's, once the daemon exists
 
     async def main() -> int:
-        daemon = Daemon(settings, scanners, freeze_gc=True, config_loader=reload_config)
+        daemon = Daemon(
+            settings, scanners, freeze_gc=True, config_loader=reload_config, name=program
+        )
         resume_gc()  # everything the daemon runs with is imported; its scans allocate
         loop = asyncio.get_running_loop()
         core_stderr.follow(loop)

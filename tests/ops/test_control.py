@@ -24,6 +24,7 @@ from devplug.ops.control import (
     ChannelError,
     ControlChannel,
     ask,
+    control_name,
     socket_path,
 )
 from devplug.testing import KubeletSimulator, daemon_settings, eventually
@@ -82,7 +83,19 @@ async def test_the_socket_and_its_dir_are_the_daemons_users_alone(kubelet_dir: P
         assert stat.S_IMODE(path.stat().st_mode) == 0o600
         assert stat.S_IMODE(path.parent.stat().st_mode) == 0o700
         assert [p.name for p in path.parent.iterdir()] == ["devplug.sock"]  # no temp names
-    assert not path.exists()  # removed on close: it was ours
+    assert not path.parent.exists()  # the socket removed on close (it was ours), then its dir
+
+    kept = path.parent / "devplug.cordons.json"
+    async with channel(path, Recorder()):
+        kept.write_text("{}")
+    assert [p.name for p in path.parent.iterdir()] == [kept.name]  # a dir in use stays
+
+
+def test_a_program_name_becomes_a_plain_file_name() -> None:
+    assert control_name("misc-plugin") == "misc-plugin"
+    assert control_name("../My Plugin/x") == "_My_Plugin_x"
+    assert control_name("...") == "devplug"
+    assert len(control_name("p" * 100)) == 64
 
 
 async def test_garbage_and_an_overlong_line_are_refused_and_never_handled(

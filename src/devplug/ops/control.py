@@ -70,7 +70,7 @@ LISTEN_BACKLOG = 64
 # The inotify watch of the kubelet dir wakes the channel; this only backs it up.
 BACKSTOP_S = 60.0
 
-_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+_NOT_IN_NAME = re.compile(r"[^A-Za-z0-9._-]")
 
 # The composition's answer to a request (a JSON object): a JSON object with "ok".
 Handler = Callable[[dict[str, Any]], Awaitable[dict[str, Any]]]
@@ -99,14 +99,15 @@ def control_dir(kubelet_dir: Path) -> Path:
     return kubelet_dir / CONTROL_DIR
 
 
+def control_name(program: str) -> str:
+    """The file name a daemon's program name gives its socket and state file: letters,
+    digits, ``.``, ``_`` and ``-`` (others become ``_``), at most 64, never hidden."""
+    name = _NOT_IN_NAME.sub("_", program)[:64].lstrip(".")
+    return name or "devplug"
+
+
 def socket_path(kubelet_dir: Path, name: str) -> Path:
-    """The control socket of the daemon called ``name``; ValueError for a name that is no
-    plain file name."""
-    if not _NAME.fullmatch(name):
-        raise ValueError(
-            f"daemon name {name!r}: letters, digits, '.', '_' and '-', starting with a letter "
-            "or digit, at most 64"
-        )
+    """The control socket of the daemon called ``name`` (a :func:`control_name`)."""
     return control_dir(kubelet_dir) / f"{name}{SOCKET_SUFFIX}"
 
 
@@ -260,7 +261,7 @@ class ControlChannel:
     async def listen(self) -> None:
         """(Re)make the socket and accept on it. OSError or SocketInUseError: it could not be
         made."""
-        await self.close()
+        await self._stop()
         directory = self.path.parent
         _own_dir(directory)
         temporary = directory / f"{TEMP_PREFIX}{secrets.token_hex(6)}{SOCKET_SUFFIX}"
@@ -291,7 +292,15 @@ class ControlChannel:
         log.info("control.stale_socket.removed", socket=str(self.path))
 
     async def close(self) -> None:
-        """Stop accepting, end every connection, remove the socket if it is still ours."""
+        """Stop accepting, end every connection, remove the socket if it is still ours, and
+        the dir if nothing else is in it (a state file, another daemon's socket)."""
+        listening = self._listener is not None
+        await self._stop()
+        if listening:
+            with contextlib.suppress(OSError):
+                os.rmdir(self.path.parent)
+
+    async def _stop(self) -> None:
         if self._accepting is not None:
             self._accepting.cancel()
             with contextlib.suppress(asyncio.CancelledError):
