@@ -37,6 +37,7 @@ from devplug.kubelet.registration import CHECKPOINT_FILE, KUBELET_SOCKET
 from devplug.kubelet.server import socket_path_for
 from devplug.model import DeviceInfo, DeviceNode, DeviceTree
 from devplug.naming import TEMP_PREFIX
+from devplug.ops.control import CONTROL_DIR
 from devplug.scanners.base import Scanner
 from devplug.scanners.generic import GenericScanner
 from devplug.scanners.intel_gpu import IntelGpuScanner
@@ -566,9 +567,15 @@ async def test_the_kubelet_dir_removed_and_recreated(
                 # (The stat backstop may re-register before the dir poll logs the dir back.)
                 await logged_more(logs, "kubelet.dir.found", found)
             assert daemon_task_alive()
-            # Only the kubelet's files and the plugin's socket: nothing left from old listeners.
+            # Only the kubelet's files, the plugin's socket and the daemon's control dir: nothing
+            # left from old listeners.
             assert sorted(p.name for p in kubelet_dir.iterdir()) == sorted(
-                [CHECKPOINT_FILE, KUBELET_SOCKET, socket_path_for(kubelet_dir, SERIAL).name]
+                [
+                    CHECKPOINT_FILE,
+                    KUBELET_SOCKET,
+                    socket_path_for(kubelet_dir, SERIAL).name,
+                    CONTROL_DIR,
+                ]
             )
     gone = named(logs, "kubelet.dir.gone")
     assert len(gone) >= cycles and gone[0]["dir"] == str(kubelet_dir)
@@ -779,7 +786,7 @@ async def test_sigkill_then_restart_with_the_same_dirs(
             assert log.named("cdi.spec.written") == []
             assert visible(cdi_dir) == sorted([SERIAL_SPEC, young.name])
             assert sorted(p.name for p in kubelet_dir.iterdir()) == sorted(
-                [CHECKPOINT_FILE, KUBELET_SOCKET, plugin_socket.name]
+                [CHECKPOINT_FILE, KUBELET_SOCKET, plugin_socket.name, CONTROL_DIR]
             )
             if run < kills:
                 process.kill()
