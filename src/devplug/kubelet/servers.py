@@ -4,15 +4,16 @@
 overtaken while the previous one was applied is skipped, and the diff covers both), less the
 resources another front serves (``served_elsewhere``: the DRA front's); :attr:`applied` says
 which publication is in place. ``apply(tree, owners)`` diffs the new tree against the current
-one: a new resource gets a server task (named, inside the daemon's TaskGroup, so a crash
-reaches the supervisor instead of vanishing), which first awaits the scanner's start hook
-(retried until it returns: the resource stays unregistered meanwhile), then serves; a changed
-one gets its new list pushed; a removed one first sends an empty list, then its server stops
-and its socket goes, then the scanner's stop hook runs. At the end of ``serving`` every server stops, then every stop hook
-owed runs. A resource whose scanner was replaced (a reload) gets the new scanner's RPC hooks;
-its start and stop stay with the scanner that started it (see :mod:`devplug.kubelet.lifecycle`).
-At shutdown the stop hooks run together, each bounded by the hook timeout or by
-``stop_hooks_bound()`` (the daemon's: what is left of its stop budget), whichever is shorter.
+one: a new resource gets a server task (named, inside the daemon's TaskGroup, so a crash reaches
+the supervisor instead of vanishing), which first awaits the scanner's start hook (retried until
+it returns: the resource stays unregistered meanwhile), then serves; a changed one gets its new
+list pushed; a removed one first sends an empty list, then its server stops and its socket goes,
+then the scanner's stop hook runs. At the end of ``serving`` every server stops, then every stop
+hook owed runs. A resource whose scanner was replaced (a reload) gets the new scanner's RPC
+hooks; its start and stop stay with the scanner that started it (see
+:mod:`devplug.kubelet.lifecycle`). At shutdown the stop hooks run together, each bounded by the
+hook timeout or by ``stop_hooks_bound()`` (the daemon's: what is left of its stop budget),
+whichever is shorter.
 """
 
 from __future__ import annotations
