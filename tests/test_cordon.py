@@ -66,6 +66,16 @@ async def uncordon(kubelet_dir: Path, device_id: str) -> str:
     return out
 
 
+def null_config(directory: Path) -> Path:
+    """A config for ``devplug run``: /dev/null as the one device of SERIAL, id ``null``."""
+    config = directory / "config.yaml"
+    config.write_text(
+        "hotplug: {source: none, poll_s: 3600, resync_s: 3600}\nscanners:\n  generic:\n"
+        f"    - {{resource: {SERIAL}, match: {{subsystem: mem, devnode: /dev/null}}}}\n"
+    )
+    return config
+
+
 async def status_document(kubelet_dir: Path, *args: str) -> dict[str, Any]:
     code, out, err = await run_status("--kubelet-dir", str(kubelet_dir), "-o", "json", *args)
     assert code == 0, err
@@ -114,12 +124,7 @@ async def test_a_cordoned_device_is_unhealthy_with_its_reason_and_refused_at_all
 async def test_the_logs_say_which_device_was_cordoned_and_why(
     kubelet: KubeletSimulator, kubelet_dir: Path, short_dir: Path
 ) -> None:
-    config = short_dir / "config.yaml"
-    config.write_text(
-        "hotplug: {source: none, poll_s: 3600, resync_s: 3600}\nscanners:\n  generic:\n"
-        f"    - {{resource: {SERIAL}, match: {{subsystem: mem, devnode: /dev/null}}}}\n"
-    )
-    async with daemon_process(config, kubelet_dir) as process:
+    async with daemon_process(null_config(short_dir), kubelet_dir) as process:
         session = await kubelet.wait_for_plugin(SERIAL)
         await session.wait_for_update(lambda listed: set(listed) == {"null"})
         await cordon(kubelet_dir, "null")
@@ -136,12 +141,7 @@ async def test_the_logs_say_which_device_was_cordoned_and_why(
 async def test_a_cordon_survives_sigkill_and_restart(
     kubelet: KubeletSimulator, kubelet_dir: Path, short_dir: Path
 ) -> None:
-    config = short_dir / "config.yaml"
-    config.write_text(
-        "hotplug: {source: none, poll_s: 3600, resync_s: 3600}\nscanners:\n  generic:\n"
-        f"    - {{resource: {SERIAL}, match: {{subsystem: mem, devnode: /dev/null}}}}\n"
-    )
-    async with daemon_process(config, kubelet_dir) as process:
+    async with daemon_process(null_config(short_dir), kubelet_dir) as process:
         session = await kubelet.wait_for_plugin(SERIAL)
         await session.wait_for_update(lambda listed: set(listed) == {"null"})
         await cordon(kubelet_dir, "null")
@@ -151,7 +151,7 @@ async def test_a_cordon_survives_sigkill_and_restart(
     assert stat.S_IMODE(state.stat().st_mode) == 0o600
     assert stat.S_IMODE(state.parent.stat().st_mode) == 0o700
 
-    async with daemon_process(config, kubelet_dir):
+    async with daemon_process(null_config(short_dir), kubelet_dir):
         session = await kubelet.wait_for_plugin(SERIAL, replacing=session)
         # The very first list of the new daemon has it Unhealthy: no window in between.
         first = await session.wait_for_update()

@@ -15,17 +15,15 @@ than a silent fresh start (that would forget which devices are in use).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import json
-import os
-import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 import pydantic
 
+from devplug._kits.atomic import replace_file
 from devplug.errors import DevplugError
 
 CHECKPOINT_FILE = "checkpoint.json"
@@ -148,27 +146,7 @@ def checkpoint_bytes(driver: str, claims: Mapping[str, PreparedClaim]) -> bytes:
 
 def write_checkpoint(path: Path, data: bytes) -> None:
     """Replace ``path`` with ``data`` atomically and durably. Blocking (run it in a thread)."""
-    directory = path.parent
-    temporary = directory / f"{_TEMP_PREFIX}{secrets.token_hex(6)}"
-    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, CHECKPOINT_MODE)
-    try:
-        try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view) :]
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(temporary, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(temporary)
-        raise
-    dir_fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
+    replace_file(path, data, CHECKPOINT_MODE, _TEMP_PREFIX)
 
 
 class Checkpoint:
