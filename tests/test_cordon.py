@@ -20,9 +20,11 @@ from test_plugin_entry import start as start_plugin
 from test_plugin_entry import write_config as write_plugin_config
 from test_status import run_status
 
+from devplug.daemon import Daemon
 from devplug.model import DeviceInfo, DeviceNode
 from devplug.testing import (
     KubeletSimulator,
+    PluginSession,
     SimulatorRpcError,
     daemon_process,
     daemon_settings,
@@ -164,21 +166,31 @@ async def test_a_cordon_survives_sigkill_and_restart(
         assert [d["error"] for d in document["cordons"]["daemons"]] == [None]
 
 
-async def test_uncordon_keeps_the_device_held_down_until_the_hold_down_ends(
-    kubelet: KubeletSimulator, kubelet_dir: Path, start_daemon: DaemonStarter
-) -> None:
-    settings = daemon_settings(kubelet_dir, hotplug={"health_hold_down_s": 3600})
-    await start_daemon(settings, [StaticScanner(serials("s0"))])
+async def cordoned_s0(
+    kubelet: KubeletSimulator, kubelet_dir: Path, start_daemon: DaemonStarter, hold_down_s: float
+) -> tuple[Daemon, PluginSession]:
+    """A daemon serving s0 with this health hold-down, s0 cordoned and listed so."""
+    settings = daemon_settings(kubelet_dir, hotplug={"health_hold_down_s": hold_down_s})
+    daemon = await start_daemon(settings, [StaticScanner(serials("s0"))])
     session = await kubelet.wait_for_plugin(SERIAL)
     await session.wait_for_update()
     await cordon(kubelet_dir, "s0")
+    await session.wait_for_update(lambda listed: listed["s0"].health == "Unhealthy")
+    return daemon, session
+
+
+async def test_uncordon_keeps_the_device_held_down_until_the_hold_down_ends(
+    kubelet: KubeletSimulator, kubelet_dir: Path, start_daemon: DaemonStarter
+) -> None:
+    daemon, _ = await cordoned_s0(kubelet, kubelet_dir, start_daemon, 3600)
     said = await uncordon(kubelet_dir, "s0")
     assert f"uncordoned {SERIAL} s0" in said and "3600s" in said
     # The cordon is lifted, but the device is not Healthy before an hour has passed: Allocate
     # still refuses it, saying why.
-    with pytest.raises(SimulatorRpcError, match="uncordoned; held down until healthy for 3600s"):
+    held = "uncordoned; held down until healthy for 3600s"
+    with pytest.raises(SimulatorRpcError, match=held):
         await kubelet.allocate(SERIAL, ["s0"])
-    assert health(session.latest) == {"s0": "Unhealthy"}
+    assert daemon.stats.value.advertised[SERIAL]["s0"].health_reason == held
     assert (await status_document(kubelet_dir))["cordons"]["devices"] == []
     assert "was not cordoned" in await uncordon(kubelet_dir, "s0")
 
@@ -186,12 +198,7 @@ async def test_uncordon_keeps_the_device_held_down_until_the_hold_down_ends(
 async def test_an_uncordoned_device_is_served_again_after_the_hold_down(
     kubelet: KubeletSimulator, kubelet_dir: Path, start_daemon: DaemonStarter
 ) -> None:
-    settings = daemon_settings(kubelet_dir, hotplug={"health_hold_down_s": 0.2})
-    await start_daemon(settings, [StaticScanner(serials("s0"))])
-    session = await kubelet.wait_for_plugin(SERIAL)
-    await session.wait_for_update()
-    await cordon(kubelet_dir, "s0")
-    await session.wait_for_update(lambda listed: listed["s0"].health == "Unhealthy")
+    _, session = await cordoned_s0(kubelet, kubelet_dir, start_daemon, 0.2)
     after = len(session.updates)  # every list since has it Unhealthy, until the hold-down ends
     await uncordon(kubelet_dir, "s0")
     # Nothing but the hold-down's end wakes the daemon: no rescan, no event.
