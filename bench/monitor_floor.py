@@ -1,8 +1,9 @@
 """The floor for bench.hotplug: a bare pyudev monitor read through ``loop.add_reader``.
 
 Run as a child process by bench.hotplug (under the same testbed): prints ``ready`` once
-listening, then one line per drm event it receives, so the parent can time emit -> delivery to
-another process, which is the least any event-driven plugin must spend.
+listening, then one line per event of the subsystems named on its command line (drm when none)
+it receives, so the parent can time emit -> delivery to another process, which is the least
+any event-driven plugin must spend.
 """
 
 from __future__ import annotations
@@ -15,7 +16,8 @@ import pyudev
 
 async def main() -> None:
     monitor = pyudev.Monitor.from_netlink(pyudev.Context(), "kernel")
-    monitor.filter_by("drm")
+    for subsystem in sys.argv[1:] or ["drm"]:
+        monitor.filter_by(subsystem)
     monitor.start()
     loop = asyncio.get_running_loop()
 
