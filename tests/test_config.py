@@ -196,7 +196,7 @@ def test_bad_top_level_settings(tmp_path: Path, yaml_text: str, field: str, hint
         (
             "    - resource: example.com/s\n      match: {subsystem: tty, attributes: {../x: y}}\n",
             "scanners.generic[0].match.attributes",
-            "plain sysfs file names",
+            "paths relative to the device's sysfs dir",
         ),
         (
             "    - resource: example.com/s\n      match: {subsystem: tty}\n"
