@@ -15,6 +15,7 @@ import re
 import shutil
 import subprocess
 import urllib.request
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -22,11 +23,14 @@ import grpc
 import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
+from test_cordon import SERIAL, cordon, serials, uncordon
 
 from devplug import __version__
+from devplug.daemon import Daemon
 from devplug.model import DeviceInfo, DeviceTree
 from devplug.ops.metrics import Metrics
 from devplug.testing import KubeletSimulator, StaticScanner, daemon_settings, running_daemon
+from devplug.testing.harness import DaemonStarter
 
 ROOT = Path(__file__).resolve().parent.parent
 RULES = ROOT / "deploy" / "prometheus" / "devplug-rules.yaml"
@@ -104,8 +108,33 @@ def test_the_alerts_cover_what_operators_need() -> None:
         "DevplugDown",
         "DevplugAbsent",
         "DevplugPodsUnavailable",
+        # Who holds the devices (the kubelet's pod resources API), the DRA front, cordons.
+        "DevplugUnhealthyDevicesInUse",
+        "DevplugDevicesGoneWhileAllocated",
+        "DevplugAllocatableDrift",
+        "DevplugPodResourcesUnavailable",
+        "DevplugDraNotRegistered",
+        "DevplugDraSliceWritesFailing",
+        "DevplugDraSlicesRejected",
+        "DevplugCordonsUnreadable",
+        "DevplugDevicesCordonedLong",
     }
     assert wanted <= set(alert_names())
+
+
+def test_each_alert_has_a_known_severity_and_says_what_to_do() -> None:
+    """Routing reads the severity (critical: devices or the node's capacity lost; warning:
+    some of it at risk; info: a check that cannot run, or housekeeping); the operations
+    guide's table gives the same one."""
+    guide = OPERATIONS.read_text()
+    groups = yaml.safe_load(RULES.read_text())["groups"]
+    for rule in (rule for group in groups for rule in group["rules"]):
+        name, severity = rule["alert"], rule["labels"]["severity"]
+        assert severity in {"critical", "warning", "info"}, name
+        annotations = rule["annotations"]
+        assert annotations["summary"].strip(), name
+        assert len(annotations["description"].split()) >= 15, f"{name}: say what to do"
+        assert f"| `{name}` | {severity} |" in guide, f"{name}: not a {severity} in the guide"
 
 
 def test_the_down_alerts_name_the_job_the_podmonitor_gives() -> None:
@@ -226,3 +255,99 @@ async def test_build_info_names_the_versions_on_the_metrics_endpoint(
         "python": platform.python_version(),
         "grpc": grpc.__version__,
     }
+
+
+Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
+
+
+async def scrape(daemon: Daemon) -> Samples:
+    """The daemon's /metrics over HTTP: (name, sorted labels) -> value."""
+    assert daemon.http is not None
+    text = await asyncio.to_thread(fetch, f"http://127.0.0.1:{daemon.http.port}/metrics")
+    return {
+        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+    }
+
+
+def cordon_samples(found: Samples) -> dict[str, float]:
+    """The cordon metrics' samples, by name (SERIAL's, and the unlabelled one)."""
+    wanted = {(("resource", SERIAL),), ()}
+    names = {
+        "devplug_devices_cordoned",
+        "devplug_cordon_oldest_timestamp_seconds",
+        "devplug_cordons_unreadable",
+    }
+    return {
+        name: value for (name, labels), value in found.items() if name in names and labels in wanted
+    }
+
+
+def write_cordons(kubelet_dir: Path, content: str) -> Path:
+    state = kubelet_dir / "devplug" / "devplug.cordons.json"
+    state.parent.mkdir(mode=0o700, exist_ok=True)
+    state.write_text(content)
+    return state
+
+
+async def test_cordons_on_the_metrics_endpoint_follow_cordon_and_uncordon(
+    kubelet: KubeletSimulator, kubelet_dir: Path, start_daemon: DaemonStarter
+) -> None:
+    """What the Cordoned devices panel and DevplugDevicesCordonedLong read: the count follows
+    `devplug cordon` and `uncordon`; the oldest time is the oldest cordon's `since`."""
+    put = "2025-01-31T09:30:00Z"
+    cordons = {SERIAL: {"s1": {"reason": "bad fan", "since": put}}}
+    write_cordons(kubelet_dir, json.dumps({"version": 1, "cordons": cordons}))
+    settings = daemon_settings(kubelet_dir, metrics_address="127.0.0.1:0")
+    daemon = await start_daemon(settings, [StaticScanner(serials("s0", "s1", "s2"))])
+    await (await kubelet.wait_for_plugin(SERIAL)).wait_for_update()
+    oldest = datetime.fromisoformat(put).timestamp()
+    assert cordon_samples(await scrape(daemon)) == {
+        "devplug_devices_cordoned": 1,
+        "devplug_cordon_oldest_timestamp_seconds": oldest,
+        "devplug_cordons_unreadable": 0,
+    }
+
+    await cordon(kubelet_dir, "s0")  # a newer cordon: the oldest stays s1's
+    assert cordon_samples(await scrape(daemon)) == {
+        "devplug_devices_cordoned": 2,
+        "devplug_cordon_oldest_timestamp_seconds": oldest,
+        "devplug_cordons_unreadable": 0,
+    }
+
+    await uncordon(kubelet_dir, "s1")
+    found = cordon_samples(await scrape(daemon))
+    assert found["devplug_devices_cordoned"] == 1
+    assert found["devplug_cordon_oldest_timestamp_seconds"] > oldest  # s0's, put just now
+
+    await uncordon(kubelet_dir, "s0")
+    # None left: the count reads 0, and no oldest time (a 0 would be a cordon of 1970).
+    assert cordon_samples(await scrape(daemon)) == {
+        "devplug_devices_cordoned": 0,
+        "devplug_cordons_unreadable": 0,
+    }
+
+
+async def test_an_unreadable_cordon_file_shows_on_the_metrics_endpoint_until_fixed(
+    kubelet: KubeletSimulator, kubelet_dir: Path, start_daemon: DaemonStarter
+) -> None:
+    """What DevplugCordonsUnreadable reads: 1 while every device is held for want of the
+    file, 0 once it is fixed and devplug reloaded."""
+    state = write_cordons(kubelet_dir, '{"version": 1, "cordons": {')  # cut short
+    settings = daemon_settings(
+        kubelet_dir, metrics_address="127.0.0.1:0", hotplug={"health_hold_down_s": 0}
+    )
+    scanner = StaticScanner(serials("s0", "s1"))
+    daemon = await start_daemon(settings, [scanner], config_loader=lambda: (settings, [scanner]))
+    session = await kubelet.wait_for_plugin(SERIAL)
+    await session.wait_for_update()
+    assert cordon_samples(await scrape(daemon)) == {"devplug_cordons_unreadable": 1}
+
+    cordons = {SERIAL: {"s1": {"reason": "bad fan", "since": "2025-01-31T09:30:00Z"}}}
+    state.write_text(json.dumps({"version": 1, "cordons": cordons}))
+    daemon.request_reload()
+    await session.wait_for_update(lambda listed: listed["s0"].health == "Healthy")
+    found = cordon_samples(await scrape(daemon))
+    assert found["devplug_cordons_unreadable"] == 0
+    assert found["devplug_devices_cordoned"] == 1

@@ -141,6 +141,7 @@ class Daemon:
         # daemons on a node apart); the health gate applies them to the advertised tree.
         name = control_name(name)
         self.cordons = CordonBook(control_dir(settings.kubelet_dir) / f"{name}{STATE_SUFFIX}")
+        self.metrics.refreshers.append(self._count_cordons)
         listener = UeventListener(
             choose_source(hotplug.source, udev_control),
             event_subsystems(scanners),
@@ -420,6 +421,12 @@ class Daemon:
         async for registered in self.dra.registration_changes():
             self.metrics.dra_registered(registered)
             self._registration_changed()
+
+    def _count_cordons(self) -> None:
+        """The cordons' numbers, for a scrape."""
+        self.metrics.cordons_counted(
+            self.cordons.by_resource(), unreadable=self.cordons.unreadable is not None
+        )
 
     def _count_dra(self) -> None:
         """The DRA front's numbers, for a scrape."""

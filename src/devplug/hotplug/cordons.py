@@ -87,6 +87,15 @@ def utc_now() -> str:
     return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+def since_timestamp(since: str) -> float:
+    """A cordon's ``since`` in Unix time; one without a UTC offset is UTC (the file's rule),
+    not the node's local time."""
+    moment = datetime.fromisoformat(since)
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=UTC)
+    return moment.timestamp()
+
+
 def state_bytes(cordons: dict[Key, Cordon]) -> bytes:
     """The file's content: sorted and indented, for an operator to read."""
     by_resource: dict[str, dict[str, dict[str, str]]] = {}
@@ -205,6 +214,14 @@ class CordonBook:
 
     def get(self, resource: str, device_id: str) -> Cordon | None:
         return self._cordons.get((resource, device_id))
+
+    def by_resource(self) -> dict[str, tuple[int, float]]:
+        """Per resource with cordons: how many, and when the oldest was put (Unix time)."""
+        counts: dict[str, tuple[int, float]] = {}
+        for (resource, _), cordon in self._cordons.items():
+            count, oldest = counts.get(resource, (0, float("inf")))
+            counts[resource] = (count + 1, min(oldest, since_timestamp(cordon.since)))
+        return counts
 
     # Reading the file.
 

@@ -277,7 +277,27 @@ class Metrics:
         self.dra_prepared_claims = _Gauge(
             "devplug_dra_prepared_claims", "ResourceClaims prepared on this node now."
         )
-        # Called before each scrape, to read numbers kept elsewhere (the DRA front's).
+        # The operator's cordons (devplug.hotplug.cordons), read at each scrape.
+        self.cordoned = _Gauge(
+            "devplug_devices_cordoned",
+            "Devices the operator has cordoned (devplug cordon), by resource, whether or not "
+            "the device is present now.",
+            ["resource"],
+        )
+        self.oldest_cordon = _Gauge(
+            "devplug_cordon_oldest_timestamp_seconds",
+            "When the resource's oldest cordon was put, in Unix time. No series while the "
+            "resource has none.",
+            ["resource"],
+        )
+        self.cordons_unreadable = _Gauge(
+            "devplug_cordons_unreadable",
+            "1 while the cordon state file cannot be read, so every device is advertised "
+            "Unhealthy (failing closed) until it is fixed or removed and devplug reloaded; "
+            "else 0.",
+        )
+        # Called before each scrape, to read numbers kept elsewhere (the DRA front's, the
+        # cordons).
         self.refreshers: list[Callable[[], None]] = []
         # Filled in at the first scrape: reading gRPC's package metadata is start-up time that
         # nothing needs before someone scrapes.
@@ -377,6 +397,22 @@ class Metrics:
     def pod_resources_unavailable(self) -> None:
         self.pod_resources_up.labels().set(0)
 
+    # The cordons'.
+
+    def cordons_counted(
+        self, by_resource: Mapping[str, tuple[int, float]], unreadable: bool
+    ) -> None:
+        """The cordons now: per resource, (how many, when the oldest was put in Unix time).
+        A resource whose cordons were all lifted reads 0 and loses its oldest time (a 0 there
+        would read as a cordon put in 1970)."""
+        self.cordons_unreadable.labels().set(1 if unreadable else 0)
+        for (resource,), series in self.cordoned.series.items():
+            series.set(by_resource.get(resource, (0, 0.0))[0])
+        self.oldest_cordon.series.clear()
+        for resource, (count, oldest) in by_resource.items():
+            self.cordoned.labels(resource).set(count)
+            self.oldest_cordon.labels(resource).set(oldest)
+
     # The DRA front's.
 
     def dra_call(self, operation: str, result: str) -> None:
@@ -439,6 +475,9 @@ class Metrics:
                 self.unhealthy_in_use,
                 self.gone_while_allocated,
                 self.allocatable_drift,
+                self.cordoned,
+                self.oldest_cordon,
+                self.cordons_unreadable,
                 self.dra_registration,
                 self.dra_slices,
                 self.dra_devices,
