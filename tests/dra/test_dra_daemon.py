@@ -164,6 +164,20 @@ async def test_i915_is_served_through_dra_only_and_xe_through_the_device_plugin(
         assert attributes["resource"] == {"string": I915}
         assert attributes["id"] == {"string": IGPU}
         assert attributes["resource.kubernetes.io/pciBusID"] == {"string": IGPU}
+        # What Intel's own DRA driver publishes, by its names and formats, so that selectors
+        # written for it (device.attributes["gpu.intel.com"].model == "A770") select this GPU.
+        intel = {
+            "model": {"string": "A770"},  # PCI device id 0x56a0
+            "family": {"string": "Arc A-Series"},
+            "driver": {"string": "i915"},
+            "sriov": {"bool": False},
+            "type": {"string": "gpu"},
+            "pciId": {"string": "0x56a0"},
+            "health": {"string": "Healthy"},
+            "pciAddress": {"string": IGPU},  # deprecated by Intel, kept for old selectors
+            "pciRoot": {"string": "00"},  # likewise: the root complex's bus
+        }
+        assert {name: attributes.get(name) for name in intel} == intel
 
         # xe registers through the device plugin API; i915 never does, and has no socket there.
         xe = await node.kubelet.wait_for_plugin(XE)

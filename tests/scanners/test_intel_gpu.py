@@ -52,6 +52,41 @@ def link(address: str, kind: str) -> Mount:
     return Mount(path, path, read_only=True)
 
 
+# Intel's DRA driver's model and family of the PCI device ids used here (its ModelDetails
+# table); any other id is "Unknown" in both.
+INTEL_NAMES = {
+    "0x56a0": ("A770", "Arc A-Series"),
+    "0x56c0": ("Flex 170", "Data Center Flex"),
+    "0xe20b": ("B580", "Arc B-Series"),
+}
+
+
+def intel(
+    pci: str,
+    *,
+    device_id: str = "0x56a0",
+    driver: str = "i915",
+    sriov: bool = False,
+    vf: bool = False,
+    healthy: bool = True,
+) -> dict[str, str | bool]:
+    """The DRA attributes Intel's own DRA driver publishes for the GPU at ``pci``, by the
+    names and in the formats of its node_state.go."""
+    model, family = INTEL_NAMES.get(device_id, ("Unknown", "Unknown"))
+    root, address = pci.split("/")[3], pci.rsplit("/", 1)[1]
+    return {
+        "model": model,
+        "family": family,
+        "driver": driver,
+        "sriov": sriov,
+        "type": "vf" if vf else "gpu",
+        "pciId": device_id,
+        "health": "Healthy" if healthy else "Unhealthy",
+        "pciAddress": address,
+        "pciRoot": root.split(":")[1],  # pci0000:4d -> 4d, the bus alone
+    }
+
+
 def gpu(
     pci: str,
     card: int,
@@ -59,6 +94,10 @@ def gpu(
     *,
     numa: tuple[int, ...] = (),
     mounts: tuple[Mount, ...] | None = None,
+    device_id: str = "0x56a0",
+    driver: str = "i915",
+    sriov: bool = False,
+    vf: bool = False,
 ) -> DeviceInfo:
     """The healthy DeviceInfo of a GPU at ``pci`` with cardN/renderDN and bypath single."""
     address = pci.rsplit("/", 1)[1]
@@ -72,6 +111,7 @@ def gpu(
         mounts=mounts,
         numa_nodes=numa,
         sources=(pci, *(f"{pci}/drm/{name}" for name in names)),
+        attributes=intel(pci, device_id=device_id, driver=driver, sriov=sriov, vf=vf),
     )
 
 
@@ -98,11 +138,11 @@ def test_a_realistic_host_gives_exactly_the_expected_tree(host: UmockdevHost) ->
         {
             I915: {
                 # The PF (card0, renderD128) is not advertised; its VFs are, on its NUMA node 0.
-                "0000:4d:00.1": gpu(FLEX_VF1, 1, 129, numa=(0,)),
-                "0000:4d:00.2": gpu(FLEX_VF2, 2, 130, numa=(0,)),
-                "0000:00:02.0": gpu(IGPU_PCI, 4, 132),
+                "0000:4d:00.1": gpu(FLEX_VF1, 1, 129, numa=(0,), device_id="0x56c0", vf=True),
+                "0000:4d:00.2": gpu(FLEX_VF2, 2, 130, numa=(0,), device_id="0x56c0", vf=True),
+                "0000:00:02.0": gpu(IGPU_PCI, 4, 132, device_id="0x4680"),
             },
-            XE: {"0000:03:00.0": gpu(BMG_PCI, 3, 131, numa=(1,))},
+            XE: {"0000:03:00.0": gpu(BMG_PCI, 3, 131, numa=(1,), device_id="0xe20b", driver="xe")},
         }
     )
 
@@ -113,7 +153,7 @@ def test_an_sriov_pf_with_vfs_enabled_is_replaced_by_its_vfs(host: UmockdevHost)
     assert list(tree) == [I915]
     assert ids(tree, I915) == ["0000:4d:00.1", "0000:4d:00.2", "0000:4d:00.3"]
     vf3 = tree[I915]["0000:4d:00.3"]
-    assert vf3 == gpu(vfs[2], 3, 131, numa=(1,))
+    assert vf3 == gpu(vfs[2], 3, 131, numa=(1,), device_id="0x56c0", vf=True)
     assert vf3.nodes == (node("card3"), node("renderD131"))
     assert vf3.mounts == (link("0000:4d:00.3", "card"), link("0000:4d:00.3", "render"))
     # No id, node or source of the PF anywhere.
@@ -130,9 +170,48 @@ def test_an_sriov_capable_pf_without_vfs_is_an_ordinary_gpu(host: UmockdevHost) 
         render=128,
         device_id="0x56c0",
         numa_node=1,
-        extra_attributes={"sriov_numvfs": "0", "sriov_totalvfs": "7"},
+        extra_attributes={
+            "sriov_numvfs": "0",
+            "sriov_totalvfs": "7",
+            "sriov_drivers_autoprobe": "1",
+        },
     )
-    assert scan() == DeviceTree({I915: {FLEX: gpu(FLEX_PCI, 0, 128, numa=(1,))}})
+    expected = gpu(FLEX_PCI, 0, 128, numa=(1,), device_id="0x56c0", sriov=True)
+    assert scan() == DeviceTree({I915: {FLEX: expected}})
+
+
+@pytest.mark.parametrize(
+    "sriov_files",
+    [
+        {},  # not SR-IOV capable at all
+        {"sriov_totalvfs": "0", "sriov_drivers_autoprobe": "1"},
+        # VFs would get no driver: Intel's DRA driver does not count it as SR-IOV either.
+        {"sriov_totalvfs": "7", "sriov_drivers_autoprobe": "0"},
+        {"sriov_totalvfs": "7"},
+    ],
+)
+def test_sriov_is_false_unless_vfs_can_be_made_and_bound(
+    host: UmockdevHost, sriov_files: dict[str, str]
+) -> None:
+    add_intel_gpu(host, FLEX, card=0, render=128, device_id="0x56c0", extra_attributes=sriov_files)
+    assert scan()[I915][FLEX].attributes["sriov"] is False
+
+
+def test_an_unhealthy_gpu_says_so_in_its_attributes(host: UmockdevHost) -> None:
+    pci = add_intel_gpu(host, BMG, card=0, render=128)
+    scanner = IntelGpuScanner()
+    assert scanner.scan(UdevSource())[I915][BMG].attributes["health"] == "Healthy"
+    host.set_node_present(f"{pci}/drm/card0", False)
+    sick = scanner.scan(UdevSource())[I915][BMG]
+    assert sick.health is Health.UNHEALTHY
+    assert sick.attributes == intel(pci, healthy=False)
+    host.set_node_present(f"{pci}/drm/card0", True)
+    host.set_driver(pci, None)  # unbound: no driver to name
+    unbound = scanner.scan(UdevSource())[I915][BMG]
+    assert unbound.health is Health.UNHEALTHY
+    expected = intel(pci, healthy=False)
+    del expected["driver"]
+    assert unbound.attributes == expected
 
 
 def test_a_discrete_card_on_xe_with_numa_node_1(host: UmockdevHost) -> None:
@@ -161,6 +240,17 @@ def test_a_discrete_card_on_xe_with_numa_node_1(host: UmockdevHost) -> None:
             "/sys/devices/pci0000:03/0000:03:00.0/drm/card1",
             "/sys/devices/pci0000:03/0000:03:00.0/drm/renderD129",
         ),
+        attributes={
+            "model": "B580",
+            "family": "Arc B-Series",
+            "driver": "xe",
+            "sriov": False,
+            "type": "gpu",
+            "pciId": "0xe20b",
+            "health": "Healthy",
+            "pciAddress": "0000:03:00.0",
+            "pciRoot": "03",
+        },
     )
     assert scan() == DeviceTree({XE: {"0000:03:00.0": expected}})
 
@@ -169,7 +259,7 @@ def test_an_integrated_gpu_without_numa_information_has_no_topology(host: Umockd
     add_intel_gpu(host, IGPU, card=0, render=128, device_id="0x4680", numa_node=-1)
     info = scan()[I915]["0000:00:02.0"]
     assert info.numa_nodes == ()
-    assert info == gpu(IGPU_PCI, 0, 128)
+    assert info == gpu(IGPU_PCI, 0, 128, device_id="0x4680")
 
 
 def test_numa_node_0_is_a_node_not_a_missing_one(host: UmockdevHost) -> None:
@@ -256,7 +346,7 @@ def test_ids_are_pci_addresses_stable_when_cards_renumber(host: UmockdevHost) ->
     assert before == DeviceTree(
         {
             I915: {"0000:03:00.0": gpu(first, 0, 128)},
-            XE: {"0000:04:00.0": gpu(second, 1, 129)},
+            XE: {"0000:04:00.0": gpu(second, 1, 129, driver="xe")},
         }
     )
     # Both drivers reload and the minors come back the other way round.
@@ -268,7 +358,7 @@ def test_ids_are_pci_addresses_stable_when_cards_renumber(host: UmockdevHost) ->
     expected = DeviceTree(
         {
             I915: {"0000:03:00.0": gpu(first, 1, 129)},
-            XE: {"0000:04:00.0": gpu(second, 0, 128)},
+            XE: {"0000:04:00.0": gpu(second, 0, 128, driver="xe")},
         }
     )
     # The scanner that knew the old numbers: same ids, the new nodes, nothing "missing".
@@ -321,8 +411,12 @@ def test_shared_dev_num_gives_each_gpu_that_many_ids(host: UmockdevHost) -> None
     assert ids(tree, XE) == ["0000:03:00.0-0", "0000:03:00.0-1", "0000:03:00.0-2"]
     # Every share of a GPU carries that GPU: its nodes, mounts, NUMA node and sources.
     for share in range(3):
-        assert tree[XE][f"0000:03:00.0-{share}"] == gpu(BMG_PCI, 3, 131, numa=(1,))
-        assert tree[I915][f"0000:4d:00.2-{share}"] == gpu(FLEX_VF2, 2, 130, numa=(0,))
+        assert tree[XE][f"0000:03:00.0-{share}"] == gpu(
+            BMG_PCI, 3, 131, numa=(1,), device_id="0xe20b", driver="xe"
+        )
+        assert tree[I915][f"0000:4d:00.2-{share}"] == gpu(
+            FLEX_VF2, 2, 130, numa=(0,), device_id="0x56c0", vf=True
+        )
 
 
 def test_shared_dev_num_1_keeps_plain_addresses(host: UmockdevHost) -> None:
@@ -385,7 +479,9 @@ def test_bypath_none_mounts_nothing(host: UmockdevHost) -> None:
     tree = scan(IntelGpuSettings(bypath="none"))
     assert ids(tree, I915) == ["0000:00:02.0", "0000:4d:00.1", "0000:4d:00.2"]
     assert [info.mounts for devices in tree.values() for info in devices.values()] == [()] * 4
-    assert tree[XE][BMG] == gpu(BMG_PCI, 3, 131, numa=(1,), mounts=())
+    assert tree[XE][BMG] == gpu(
+        BMG_PCI, 3, 131, numa=(1,), mounts=(), device_id="0xe20b", driver="xe"
+    )
 
 
 def test_bypath_all_mounts_the_whole_dir(host: UmockdevHost) -> None:
@@ -393,7 +489,9 @@ def test_bypath_all_mounts_the_whole_dir(host: UmockdevHost) -> None:
     tree = scan(IntelGpuSettings(bypath="all"))
     whole = (Mount("/dev/dri/by-path", "/dev/dri/by-path", read_only=True),)
     assert [info.mounts for devices in tree.values() for info in devices.values()] == [whole] * 4
-    assert tree[XE][BMG] == gpu(BMG_PCI, 3, 131, numa=(1,), mounts=whole)
+    assert tree[XE][BMG] == gpu(
+        BMG_PCI, 3, 131, numa=(1,), mounts=whole, device_id="0xe20b", driver="xe"
+    )
 
 
 def test_bypath_all_without_the_dir_mounts_nothing(host: UmockdevHost) -> None:
@@ -547,7 +645,9 @@ def test_a_vf_whose_render_node_is_missing(host: UmockdevHost) -> None:
         assert "/dev/dri/renderD129" in sick.health_reason and "0000:4d:00.1" in sick.health_reason
         assert sick.nodes == (node("card1"),)
         assert sick.numa_nodes == (1,)
-        assert tree[I915]["0000:4d:00.2"] == gpu(vf2, 2, 130, numa=(1,))
+        assert tree[I915]["0000:4d:00.2"] == gpu(
+            vf2, 2, 130, numa=(1,), device_id="0x56c0", vf=True
+        )
     host.set_node_present(f"{vf1}/drm/renderD129", True)
     assert scanner.scan(UdevSource()) == healthy
 
@@ -660,7 +760,7 @@ def test_rebinding_i915_to_xe_moves_the_gpu(host: UmockdevHost) -> None:
     assert tree == DeviceTree(
         {
             I915: {IGPU: gpu(IGPU_PCI, 1, 129)},
-            XE: {BMG: gpu(pci, 0, 128, numa=(1,))},
+            XE: {BMG: gpu(pci, 0, 128, numa=(1,), device_id="0xe20b", driver="xe")},
         }
     )
 
@@ -672,7 +772,7 @@ def test_unhealthy_on_i915_then_rebound_to_xe_is_healthy_there(host: UmockdevHos
     host.set_driver(pci, None)
     assert scanner.scan(UdevSource())[I915][BMG].health is Health.UNHEALTHY
     host.set_driver(pci, "xe")
-    assert scanner.scan(UdevSource()) == DeviceTree({XE: {BMG: gpu(pci, 0, 128)}})
+    assert scanner.scan(UdevSource()) == DeviceTree({XE: {BMG: gpu(pci, 0, 128, driver="xe")}})
 
 
 @pytest.mark.parametrize("driver", ["i915", "xe"])

@@ -48,6 +48,8 @@ class GpuFunction:
     driver: str | None  # from udev's DRIVER; None when unbound or not a plain name
     numa_node: int | None
     vfs_enabled: int  # sriov_numvfs; > 0 means a physical function with VFs
+    # sriov_totalvfs > 0 with sriov_drivers_autoprobe on: VFs can be made and get a driver.
+    sriov_capable: bool
     is_virtual_function: bool  # it has a physfn link
     physical_function: str | None  # that link's PF address, when it is a valid one
     minors: tuple[DrmMinor, ...]  # card and render minors in sysfs, cards first
@@ -109,6 +111,8 @@ def read_function(source: UdevSource, pci_path: str) -> GpuFunction | None:
     raw_id = device.int_attribute("device", 16)
     driver = device.driver
     numvfs = device.int_attribute("sriov_numvfs", 10)
+    total_vfs = device.int_attribute("sriov_totalvfs", 10) or 0
+    autoprobe = device.attribute("sriov_drivers_autoprobe") if total_vfs > 0 else None
     physfn = device.link_basename("physfn")
     minors = _drm_minors(device.sys_path)
     present = frozenset(m.dev_path for m in minors if source.node_exists(m.dev_path))
@@ -124,6 +128,7 @@ def read_function(source: UdevSource, pci_path: str) -> GpuFunction | None:
         driver=driver if driver is not None and _DRIVER_NAME.fullmatch(driver) else None,
         numa_node=source.numa_node(device),
         vfs_enabled=max(numvfs or 0, 0),
+        sriov_capable=autoprobe is not None and autoprobe != "0",
         is_virtual_function=physfn is not None,
         physical_function=physfn if physfn is not None and PCI_ADDRESS.fullmatch(physfn) else None,
         minors=minors,

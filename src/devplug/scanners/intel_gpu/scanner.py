@@ -10,6 +10,9 @@ whose driver unbound, stays in its resource as Unhealthy with the reason, and be
 when restored. A GPU bound to another driver (say vfio-pci) leaves the resource, as does one
 whose PCI function is gone. A GPU is first advertised only once its card node exists.
 
+Each GPU carries the DRA attributes Intel's own DRA driver publishes (:mod:`.attributes`), so
+that a DRA DeviceClass written for Intel's driver selects it when the DRA front serves it.
+
 The kubelet's 4 MiB ListAndWatch limit: a host whose lists would not fit is refused at the
 first scan, naming ``shared_dev_num`` (a configuration check, see :mod:`.settings`). After
 that, GPUs that would push a list over are the daemon's list limit's to hold back, as for
@@ -35,6 +38,7 @@ from devplug.model import (
 )
 from devplug.naming import natural_key
 from devplug.scanners.incremental import PathIndex, RemovedPaths
+from devplug.scanners.intel_gpu.attributes import intel_attributes
 from devplug.scanners.intel_gpu.discovery import (
     BY_PATH_DIR,
     CARD_NAME,
@@ -267,6 +271,7 @@ class IntelGpuScanner:
                 mounts=self._mounts(function, by_path_dir),
                 numa_nodes=() if function.numa_node is None else (function.numa_node,),
                 sources=(function.sys_path, *(m.sys_path for m in function.minors)),
+                attributes=intel_attributes(function, health),
             )
             return self._entry(resource, function.address, info, present, expected)
         if previous is None:
@@ -284,6 +289,7 @@ class IntelGpuScanner:
             health=Health.UNHEALTHY,
             health_reason=reason,
             sources=(function.sys_path,),
+            attributes=intel_attributes(function, Health.UNHEALTHY),
         )
         return self._entry(
             previous.resource, function.address, info, frozenset(), previous.expected

@@ -172,7 +172,11 @@ def add_intel_sriov_gpu(
         device_id=device_id,
         driver=driver,
         numa_node=numa_node,
-        extra_attributes={"sriov_numvfs": str(vfs), "sriov_totalvfs": "7"},
+        extra_attributes={
+            "sriov_numvfs": str(vfs),
+            "sriov_totalvfs": "7",
+            "sriov_drivers_autoprobe": "1",
+        },
         parent=parent,
     )
     stem = address.lower()[:-1]
