@@ -19,10 +19,16 @@ from typing import NamedTuple
 
 from devplug.errors import CdiSpecError, InvalidNameError
 
-_DNS1123_LABEL = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"
-# The patterns are public: the CDI rules (devplug.cdi) use the same ones.
-DNS1123_SUBDOMAIN = re.compile(rf"^{_DNS1123_LABEL}(\.{_DNS1123_LABEL})*\Z")
-QUALIFIED_NAME = re.compile(r"^([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]\Z")
+# The Kubernetes name formats, written as apimachinery writes them: the DRA front quotes these
+# strings in the API server's own messages, so they stay character for character the same.
+# Every check of a DNS label, a DNS subdomain or a qualified name in devplug (config, CDI, DRA,
+# the VFIO domain, the kubelet stand-in) uses these.
+DNS1123_LABEL_FMT = "[a-z0-9]([-a-z0-9]*[a-z0-9])?"
+DNS1123_SUBDOMAIN_FMT = DNS1123_LABEL_FMT + r"(\." + DNS1123_LABEL_FMT + ")*"
+QUALIFIED_NAME_FMT = "([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]"
+DNS1123_LABEL = re.compile(rf"^{DNS1123_LABEL_FMT}\Z")
+DNS1123_SUBDOMAIN = re.compile(rf"^{DNS1123_SUBDOMAIN_FMT}\Z")
+QUALIFIED_NAME = re.compile(rf"^{QUALIFIED_NAME_FMT}\Z")
 # The kubelet takes any id; devplug keeps ids to the CDI device-name alphabet.
 DEVICE_ID = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9_.:-]*[A-Za-z0-9])?\Z")
 
@@ -33,7 +39,8 @@ _CDI_VENDOR_OR_CLASS = re.compile(r"^[A-Za-z][A-Za-z0-9_.-]*[A-Za-z0-9]\Z")
 REQUESTS_PREFIX = "requests."
 NATIVE_NAMESPACE = "kubernetes.io/"
 MAX_SUBDOMAIN = 253
-MAX_NAME = 63
+MAX_LABEL = 63
+MAX_NAME = 63  # the name part of a qualified name
 MAX_DEVICE_ID = 63
 MAX_DRIVER_NAME = 63  # DriverNameMaxLength in k8s.io/api resource/v1 types.go
 # sun_path is 108 bytes on Linux, one of them the terminating NUL.

@@ -39,9 +39,9 @@ from pathlib import Path
 from typing import Any
 
 from devplug.dra.attributes import RESOURCE
-from devplug.dra.naming import DNS1123_LABEL, HASH_DIGITS, MAX_LABEL, MAX_SUBDOMAIN, id_hash
+from devplug.dra.naming import HASH_DIGITS, id_hash
 from devplug.dra.slices import resource_problem as attribute_problem
-from devplug.naming import resource_name_problem
+from devplug.naming import DNS1123_LABEL, MAX_LABEL, MAX_SUBDOMAIN, resource_name_problem
 
 API_VERSION = "resource.k8s.io/v1"
 LABELS = {"app.kubernetes.io/name": "devplug"}

@@ -11,16 +11,19 @@ from __future__ import annotations
 
 import re
 
-LABEL_FMT = "[a-z0-9]([-a-z0-9]*[a-z0-9])?"
-SUBDOMAIN_FMT = LABEL_FMT + r"(\." + LABEL_FMT + ")*"
+from devplug.naming import (
+    DNS1123_LABEL,
+    DNS1123_LABEL_FMT,
+    DNS1123_SUBDOMAIN,
+    DNS1123_SUBDOMAIN_FMT,
+    QUALIFIED_NAME,
+    QUALIFIED_NAME_FMT,
+)
+
 C_IDENTIFIER_FMT = "[A-Za-z_][A-Za-z0-9_]*"
-QUALIFIED_NAME_FMT = "([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]"
 LABEL_VALUE_FMT = "(" + QUALIFIED_NAME_FMT + ")?"
 
-_LABEL = re.compile(f"^{LABEL_FMT}\\Z")
-_SUBDOMAIN = re.compile(f"^{SUBDOMAIN_FMT}\\Z")
 _C_IDENTIFIER = re.compile(f"^{C_IDENTIFIER_FMT}\\Z")
-_QUALIFIED_NAME = re.compile(f"^{QUALIFIED_NAME_FMT}\\Z")
 _LABEL_VALUE = re.compile(f"^{LABEL_VALUE_FMT}\\Z")
 
 _NUMERIC = r"(0|[1-9]\d*)"
@@ -44,15 +47,15 @@ def max_len_error(limit: int) -> str:
 
 def dns_label(value: str) -> list[str]:
     messages = [max_len_error(63)] if len(value) > 63 else []
-    if not _LABEL.match(value):
-        if _SUBDOMAIN.match(value):
+    if not DNS1123_LABEL.match(value):
+        if DNS1123_SUBDOMAIN.match(value):
             messages.append("must not contain dots")
         else:
             messages.append(
                 regex_error(
                     "a lowercase RFC 1123 label must consist of lower case alphanumeric "
                     "characters or '-', and must start and end with an alphanumeric character",
-                    LABEL_FMT,
+                    DNS1123_LABEL_FMT,
                     "my-name",
                     "123-abc",
                 )
@@ -62,12 +65,12 @@ def dns_label(value: str) -> list[str]:
 
 def dns_subdomain(value: str) -> list[str]:
     messages = [max_len_error(253)] if len(value) > 253 else []
-    if not _SUBDOMAIN.match(value):
+    if not DNS1123_SUBDOMAIN.match(value):
         messages.append(
             regex_error(
                 "a lowercase RFC 1123 subdomain must consist of lower case alphanumeric "
                 "characters, '-' or '.', and must start and end with an alphanumeric character",
-                SUBDOMAIN_FMT,
+                DNS1123_SUBDOMAIN_FMT,
                 "example.com",
             )
         )
@@ -123,7 +126,7 @@ def qualified_name(value: str) -> list[str]:
         messages.append("name part must be non-empty")
     elif len(name) > 63:
         messages.append("name part " + max_len_error(63))
-    if name and not _QUALIFIED_NAME.match(name):
+    if name and not QUALIFIED_NAME.match(name):
         messages.append(
             "name part "
             + regex_error(_QUALIFIED_NAME_MSG, QUALIFIED_NAME_FMT, "MyName", "my.name", "123-abc")

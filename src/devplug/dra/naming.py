@@ -30,14 +30,11 @@ import hashlib
 import re
 
 from devplug.errors import InvalidNameError
-from devplug.naming import DNS1123_SUBDOMAIN
+from devplug.naming import DNS1123_LABEL, DNS1123_SUBDOMAIN, MAX_LABEL, MAX_SUBDOMAIN
 from devplug.naming import driver_name_problem as driver_name_problem  # one rule, config's too
 
-MAX_LABEL = 63
-MAX_SUBDOMAIN = 253
 HASH_DIGITS = 10
 
-DNS1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?\Z")
 _PCI_ID = re.compile(
     r"(?P<domain>[0-9a-f]{4,8}):(?P<bus>[0-9a-f]{2}):(?P<device>[0-9a-f]{2})\.(?P<function>[0-7])"
     r"(?:-(?P<share>[0-9]{1,6}))?"

@@ -23,7 +23,6 @@ Errors are plain errors in the kubelet, so their gRPC code is UNKNOWN; the texts
 from __future__ import annotations
 
 import asyncio
-import re
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,14 +34,10 @@ from devplug._proto import podresources_v1_pb2 as pr
 from devplug._proto import podresources_v1_pb2_grpc as pr_grpc
 from devplug.kubelet.podresources import Holder
 from devplug.model import ContainerAllocation
+from devplug.naming import DNS1123_LABEL, DNS1123_SUBDOMAIN, MAX_LABEL, MAX_SUBDOMAIN
 
 DEFAULT_NAMESPACE = "default"
 DEFAULT_CONTAINER = "main"
-_LABEL = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"
-DNS_LABEL = re.compile(rf"{_LABEL}\Z")
-DNS_SUBDOMAIN = re.compile(rf"{_LABEL}(\.{_LABEL})*\Z")
-MAX_LABEL = 63
-MAX_SUBDOMAIN = 253
 
 # device id -> its NUMA nodes (none: a device without topology)
 Devices = Mapping[str, tuple[int, ...]]
@@ -59,9 +54,9 @@ class PodResourcesGates:
 def name_problem(what: str, name: str) -> str | None:
     """Why ``name`` cannot be a namespace, pod or container name (None: it can)."""
     pattern, limit, kind = (
-        (DNS_SUBDOMAIN, MAX_SUBDOMAIN, "a DNS-1123 subdomain")
+        (DNS1123_SUBDOMAIN, MAX_SUBDOMAIN, "a DNS-1123 subdomain")
         if what == "pod"
-        else (DNS_LABEL, MAX_LABEL, "a DNS-1123 label")
+        else (DNS1123_LABEL, MAX_LABEL, "a DNS-1123 label")
     )
     if len(name) > limit or not pattern.match(name):
         return (

@@ -9,12 +9,11 @@ from pydantic import StrictBool, field_validator
 
 from devplug.config import SectionSettings, StrictModel
 from devplug.errors import ConfigError
-from devplug.naming import resource_name_problem
+from devplug.naming import DNS1123_SUBDOMAIN, resource_name_problem
 
 VfioMode = Literal["auto", "legacy", "iommufd"]
 _SELECTOR = re.compile(r"^[0-9a-f]{4}:[0-9a-f]{4}\Z")
 _DRIVER = re.compile(r"^[a-z0-9][a-z0-9_-]{0,63}\Z")
-_DOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)+\Z")
 
 
 class VfioDeviceEntry(StrictModel):
@@ -76,7 +75,9 @@ class VfioSettings(SectionSettings):
     @field_validator("default_domain")
     @classmethod
     def _domain(cls, value: str) -> str:
-        if len(value) > 200 or not _DOMAIN.match(value) or "kubernetes.io" in value:
+        # At least two labels (vfio.example.com): a vendor's domain, not a bare host name.
+        dotted = "." in value and DNS1123_SUBDOMAIN.match(value) is not None
+        if len(value) > 200 or not dotted or "kubernetes.io" in value:
             raise ValueError(
                 f"must be a DNS domain outside kubernetes.io, e.g. vfio.example.com; got {value!r}"
             )
