@@ -5,7 +5,11 @@ Test modules import this as ``helpers`` (tests/ is on the path, as for ``cdi_lib
 
 from __future__ import annotations
 
+import asyncio
+import os
+import sys
 from collections.abc import Awaitable, Callable, Mapping, Sequence
+from pathlib import Path
 
 from devplug import DeviceInfo
 from devplug.daemon import Daemon
@@ -21,6 +25,32 @@ UEVENTS: Mapping[str, object] = {"source": "kernel", "coalesce_ms": 2, "health_h
 # daemon, serving the mock host's devices and driven by its uevents (UEVENTS, with hotplug's
 # keys over them).
 UeventDaemon = Callable[..., Awaitable[Daemon]]
+
+
+# How long a command may take before the test fails: a command is answered in a second or two;
+# this is for a loaded machine, not for a command that hangs.
+COMMAND_TIMEOUT_S = 60.0
+
+
+async def run_devplug(
+    *args: str, cwd: Path | None = None, env: Mapping[str, str] | None = None
+) -> tuple[int, str, str]:
+    """``devplug ARGS`` in a child process, as an operator runs a command: (exit status,
+    stdout, stderr). ``env`` is added to this process's environment. (A daemon that runs
+    until stopped is :func:`devplug.testing.daemon_process`'s.)"""
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "devplug",
+        *args,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        cwd=cwd,
+        env={**os.environ, **(env or {})},
+    )
+    out, err = await asyncio.wait_for(process.communicate(), COMMAND_TIMEOUT_S)
+    assert process.returncode is not None
+    return process.returncode, out.decode(), err.decode()
 
 
 def uevents(**overrides: object) -> dict[str, object]:

@@ -10,15 +10,13 @@ import asyncio
 import json
 import signal
 import stat
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import health
+from helpers import health, run_devplug
 from test_plugin_entry import start as start_plugin
 from test_plugin_entry import write_config as write_plugin_config
-from test_status import run_status
 
 from devplug.daemon import Daemon
 from devplug.model import DeviceInfo, DeviceNode
@@ -39,23 +37,8 @@ def serials(*ids: str) -> dict[str, dict[str, DeviceInfo]]:
     return {SERIAL: {i: DeviceInfo(nodes=(DeviceNode("/dev/null"),)) for i in ids}}
 
 
-async def devplug(*args: str) -> tuple[int, str, str]:
-    """``devplug ARGS`` in a child process: (exit status, stdout, stderr)."""
-    process = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "devplug",
-        *args,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-    )
-    out, err = await asyncio.wait_for(process.communicate(), 60)
-    assert process.returncode is not None
-    return process.returncode, out.decode(), err.decode()
-
-
 async def cordon(kubelet_dir: Path, device_id: str, reason: str = REASON) -> str:
-    code, out, err = await devplug(
+    code, out, err = await run_devplug(
         "cordon", SERIAL, device_id, "--reason", reason, "--kubelet-dir", str(kubelet_dir)
     )
     assert code == 0, err
@@ -63,7 +46,9 @@ async def cordon(kubelet_dir: Path, device_id: str, reason: str = REASON) -> str
 
 
 async def uncordon(kubelet_dir: Path, device_id: str) -> str:
-    code, out, err = await devplug("uncordon", SERIAL, device_id, "--kubelet-dir", str(kubelet_dir))
+    code, out, err = await run_devplug(
+        "uncordon", SERIAL, device_id, "--kubelet-dir", str(kubelet_dir)
+    )
     assert code == 0, err
     return out
 
@@ -79,7 +64,9 @@ def null_config(directory: Path) -> Path:
 
 
 async def status_document(kubelet_dir: Path, *args: str) -> dict[str, Any]:
-    code, out, err = await run_status("--kubelet-dir", str(kubelet_dir), "-o", "json", *args)
+    code, out, err = await run_devplug(
+        "status", "--kubelet-dir", str(kubelet_dir), "-o", "json", *args
+    )
     assert code == 0, err
     document: dict[str, Any] = json.loads(out)
     return document
@@ -114,7 +101,7 @@ async def test_a_cordoned_device_is_unhealthy_with_its_reason_and_refused_at_all
     assert (device["resource"], device["id"], device["reason"]) == (SERIAL, "s1", REASON)
     assert device["present"] is True and device["state"] == "cordoned"  # holders unknown
     assert device["since"].endswith("Z")
-    code, table, err = await run_status("--kubelet-dir", str(kubelet_dir))
+    code, table, err = await run_devplug("status", "--kubelet-dir", str(kubelet_dir))
     assert code == 0, err
     assert [SERIAL, "s1", "cordoned"] in [line.split()[:3] for line in table.splitlines()]
     assert REASON in table
@@ -217,7 +204,7 @@ async def test_a_cordoned_device_is_drained_once_no_pod_holds_it(
 
     held = cordoned(await status_document(kubelet_dir, "--pods"))["s1"]
     assert (held["state"], held["holders"]) == ("in use", ["batch/train/worker"])
-    code, table, err = await run_status("--kubelet-dir", str(kubelet_dir), "--pods")
+    code, table, err = await run_devplug("status", "--kubelet-dir", str(kubelet_dir), "--pods")
     assert code == 0, err
     assert [SERIAL, "s1", "in", "use", "by", "batch/train/worker"] in [
         line.split()[:6] for line in table.splitlines()
@@ -226,7 +213,7 @@ async def test_a_cordoned_device_is_drained_once_no_pod_holds_it(
     kubelet.release("batch/train")
     drained = cordoned(await status_document(kubelet_dir, "--pods"))["s1"]
     assert (drained["state"], drained["holders"]) == ("drained", [])
-    code, table, err = await run_status("--kubelet-dir", str(kubelet_dir), "--pods")
+    code, table, err = await run_devplug("status", "--kubelet-dir", str(kubelet_dir), "--pods")
     assert code == 0, err
     assert [SERIAL, "s1", "drained"] in [line.split()[:3] for line in table.splitlines()]
 
@@ -281,17 +268,17 @@ async def test_an_unknown_resource_or_id_is_refused_naming_what_there_is(
     await start_daemon(daemon_settings(kubelet_dir), [StaticScanner(many)])
     await (await kubelet.wait_for_plugin(SERIAL)).wait_for_update()
 
-    code, out, err = await devplug(
+    code, out, err = await run_devplug(
         "cordon", SERIAL, "s99", "--reason", "x", "--kubelet-dir", str(kubelet_dir)
     )
     assert code == 1 and out == ""
     # The first ids in natural order, then how many more: a huge resource stays one line.
     listed = ", ".join(f"s{i}" for i in range(20))
     assert f"{SERIAL}: no device 's99'; its devices: {listed} and 30 more" in err
-    code, _, err = await devplug("uncordon", SERIAL, "s99", "--kubelet-dir", str(kubelet_dir))
+    code, _, err = await run_devplug("uncordon", SERIAL, "s99", "--kubelet-dir", str(kubelet_dir))
     assert code == 1 and "no device 's99'" in err
 
-    code, _, err = await devplug(
+    code, _, err = await run_devplug(
         "cordon", "example.com/other", "s0", "--reason", "x", "--kubelet-dir", str(kubelet_dir)
     )
     assert code == 1 and f"example.com/other: no daemon here has it; they have: {SERIAL}" in err
@@ -312,13 +299,13 @@ async def test_an_unknown_resource_or_id_is_refused_naming_what_there_is(
 async def test_a_bad_command_line_is_refused_before_asking_anyone(
     kubelet_dir: Path, args: list[str], expected: str
 ) -> None:
-    code, out, err = await devplug(*args, "--kubelet-dir", str(kubelet_dir))
+    code, out, err = await run_devplug(*args, "--kubelet-dir", str(kubelet_dir))
     assert (code, out) == (2, "")
     assert expected in err
 
 
 async def test_without_a_daemon_the_commands_say_so(kubelet_dir: Path) -> None:
-    code, _, err = await devplug(
+    code, _, err = await run_devplug(
         "cordon", SERIAL, "s0", "--reason", "x", "--kubelet-dir", str(kubelet_dir)
     )
     assert code == 1
@@ -342,7 +329,7 @@ async def test_an_unreadable_state_file_holds_every_device_until_it_is_fixed(
     assert reason.startswith(f"cordons unknown: {state} cannot be read (not JSON")
     assert "fixed or removed and the daemon reloaded (SIGHUP)" in reason
     # A change would overwrite what the file holds: refused, and the file is left as it is.
-    code, _, err = await devplug(
+    code, _, err = await run_devplug(
         "cordon", SERIAL, "s0", "--reason", "x", "--kubelet-dir", str(kubelet_dir)
     )
     assert code == 1 and "cordons unknown" in err
@@ -375,7 +362,7 @@ async def test_a_plugin_authors_daemon_has_a_socket_of_its_own_name(
     try:
         session = await kubelet.wait_for_plugin("example.com/dummy", timeout=60)
         await session.wait_for_update()
-        code, _, err = await devplug(
+        code, _, err = await run_devplug(
             "cordon",
             "example.com/dummy",
             "dev1",

@@ -4,10 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import signal
 import socket
-import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -15,6 +13,7 @@ from typing import Any
 import grpc
 import pytest
 import yaml
+from helpers import run_devplug
 
 from devplug._proto import deviceplugin_v1beta1_pb2 as pb
 from devplug._proto import deviceplugin_v1beta1_pb2_grpc as pb_grpc
@@ -65,28 +64,8 @@ class VendorPlugin(pb_grpc.DevicePluginServicer):
         raise NotImplementedError
 
 
-async def run_status(
-    *args: str, cwd: Path | None = None, env: dict[str, str] | None = None
-) -> tuple[int, str, str]:
-    """``devplug status ARGS`` in a child process: (exit status, stdout, stderr)."""
-    process = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "devplug",
-        "status",
-        *args,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-        cwd=cwd,
-        env={**os.environ, **(env or {})},
-    )
-    out, err = await asyncio.wait_for(process.communicate(), 60)
-    assert process.returncode is not None
-    return process.returncode, out.decode(), err.decode()
-
-
 async def devplug_status(*args: str, expect: int = 0, cwd: Path | None = None) -> str:
-    code, out, err = await run_status(*args, cwd=cwd)
+    code, out, err = await run_devplug("status", *args, cwd=cwd)
     assert code == expect, err
     return out
 
@@ -221,9 +200,11 @@ async def test_a_relative_kubelet_dir_flag_or_variable_works(
 ) -> None:
     async with running_daemon(daemon_settings(kubelet_dir), [serial_scanner()]):
         await (await kubelet.wait_for_plugin("example.com/serial")).wait_for_update()
-        flag = await run_status("--kubelet-dir", kubelet_dir.name, cwd=kubelet_dir.parent)
-        variable = await run_status(
-            cwd=kubelet_dir.parent, env={"DEVPLUG_KUBELET_DIR": kubelet_dir.name}
+        flag = await run_devplug(
+            "status", "--kubelet-dir", kubelet_dir.name, cwd=kubelet_dir.parent
+        )
+        variable = await run_devplug(
+            "status", cwd=kubelet_dir.parent, env={"DEVPLUG_KUBELET_DIR": kubelet_dir.name}
         )
     for code, out, err in (flag, variable):
         assert (code, err) == (0, "")
@@ -235,11 +216,11 @@ async def test_all_serving_exits_0_and_a_dead_plugin_exits_1(
 ) -> None:
     async with running_daemon(daemon_settings(kubelet_dir), [serial_scanner()]):
         await (await kubelet.wait_for_plugin("example.com/serial")).wait_for_update()
-        assert (await run_status("--kubelet-dir", str(kubelet_dir)))[0] == 0
+        assert (await run_devplug("status", "--kubelet-dir", str(kubelet_dir)))[0] == 0
         dead = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         dead.bind(str(kubelet_dir / "dead.sock"))
         dead.close()
-        code, out, _ = await run_status("--kubelet-dir", str(kubelet_dir))
+        code, out, _ = await run_devplug("status", "--kubelet-dir", str(kubelet_dir))
     assert code == 1
     assert "UNAVAILABLE" in out and "serving" in out
 
@@ -248,7 +229,9 @@ async def test_all_serving_exits_0_and_a_dead_plugin_exits_1(
 async def test_a_timeout_that_is_not_a_positive_number_is_refused(
     kubelet_dir: Path, timeout: str
 ) -> None:
-    code, out, err = await run_status("--kubelet-dir", str(kubelet_dir), "--timeout", timeout)
+    code, out, err = await run_devplug(
+        "status", "--kubelet-dir", str(kubelet_dir), "--timeout", timeout
+    )
     assert (code, out) == (2, "")
     assert "--timeout" in err
 
@@ -256,7 +239,7 @@ async def test_a_timeout_that_is_not_a_positive_number_is_refused(
 async def test_a_kubelet_dir_that_is_a_file_is_not_a_directory(short_dir: Path) -> None:
     file = short_dir / "file"
     file.write_text("")
-    code, _, err = await run_status("--kubelet-dir", str(file))
+    code, _, err = await run_devplug("status", "--kubelet-dir", str(file))
     assert code == 2
     assert err == f"devplug: --kubelet-dir: {file} is not a directory\n"
 
@@ -277,12 +260,12 @@ async def test_a_socket_left_by_a_killed_devplug_is_cleaned_at_its_next_start(
         process.send_signal(signal.SIGKILL)
         await process.wait()
     assert socket_path.exists()  # left behind: nothing listens on it
-    code, out, _ = await run_status("--kubelet-dir", str(kubelet_dir))
+    code, out, _ = await run_devplug("status", "--kubelet-dir", str(kubelet_dir))
     assert code == 1 and "UNAVAILABLE" in out
     async with daemon_process(config, kubelet_dir, env=host.env()):
         again = await kubelet.wait_for_plugin("example.com/serial", replacing=first, timeout=30)
         await again.wait_for_update()
-        code, out, err = await run_status("--kubelet-dir", str(kubelet_dir))
+        code, out, err = await run_devplug("status", "--kubelet-dir", str(kubelet_dir))
     assert code == 0, out + err
     assert out.splitlines()[1].split()[-1] == "serving"
 
@@ -315,8 +298,10 @@ async def test_plugin_supplied_text_is_printed_escaped(kubelet_dir: Path) -> Non
     server.add_insecure_port(f"unix://{kubelet_dir / name}")
     await server.start()
     try:
-        code, table, _ = await run_status("--kubelet-dir", str(kubelet_dir))
-        _, document, _ = await run_status("--kubelet-dir", str(kubelet_dir), "-o", "json")
+        code, table, _ = await run_devplug("status", "--kubelet-dir", str(kubelet_dir))
+        _, document, _ = await run_devplug(
+            "status", "--kubelet-dir", str(kubelet_dir), "-o", "json"
+        )
     finally:
         await server.stop(None)
     assert code == 1  # the plugin did not answer

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from test_status import run_status
+from helpers import run_devplug
 
 from devplug.model import DeviceInfo, DeviceNode, Health
 from devplug.testing import KubeletSimulator, daemon_settings, running_daemon
@@ -62,7 +62,7 @@ async def test_every_held_device_names_its_pod_and_container(
     await daemon.rescan()
     await session.wait_for_update(lambda listed: listed["s2"].health == "Unhealthy")
 
-    code, table, err = await run_status("--pods", "--kubelet-dir", str(kubelet_dir))
+    code, table, err = await run_devplug("status", "--pods", "--kubelet-dir", str(kubelet_dir))
     assert code == 0, err
     got = rows(table)
     assert got[0] == ["SOCKET", "RESOURCE", "HEALTHY", "UNHEALTHY", "NUMA", "ALLOCATABLE", "STATUS"]
@@ -76,10 +76,14 @@ async def test_every_held_device_names_its_pod_and_container(
     socket = kubelet_dir.parent / "pod-resources" / "kubelet.sock"
     assert table.splitlines()[-1] == f"pod resources: 2 pods, read from {socket}"
 
-    code, as_json, err = await run_status("--pods", "--kubelet-dir", str(kubelet_dir), "-o", "json")
+    code, as_json, err = await run_devplug(
+        "status", "--pods", "--kubelet-dir", str(kubelet_dir), "-o", "json"
+    )
     assert code == 0, err
     document = json.loads(as_json)
-    code, as_yaml, err = await run_status("--pods", "--kubelet-dir", str(kubelet_dir), "-o", "yaml")
+    code, as_yaml, err = await run_devplug(
+        "status", "--pods", "--kubelet-dir", str(kubelet_dir), "-o", "yaml"
+    )
     assert code == 0, err
     assert yaml.safe_load(as_yaml) == document
     assert document["pod_resources"] == {
@@ -109,10 +113,12 @@ async def test_an_unplugged_device_still_held_is_listed_gone(
     await daemon.rescan()
     await session.wait_for_update(lambda listed: set(listed) == {"s0"})
 
-    code, table, err = await run_status("--pods", "--kubelet-dir", str(kubelet_dir))
+    code, table, err = await run_devplug("status", "--pods", "--kubelet-dir", str(kubelet_dir))
     assert code == 0, err
     assert [SERIAL, "s1", "gone", "web/front/app"] in rows(table)
-    code, as_json, _ = await run_status("--pods", "--kubelet-dir", str(kubelet_dir), "-o", "json")
+    code, as_json, _ = await run_devplug(
+        "status", "--pods", "--kubelet-dir", str(kubelet_dir), "-o", "json"
+    )
     (plugin,) = json.loads(as_json)["plugins"]
     gone = [d for d in plugin["devices"] if d["health"] == "gone"]
     assert [(d["id"], holders(d)) for d in gone] == [("s1", [("web", "front", "app")])]
@@ -123,10 +129,12 @@ async def test_the_allocatable_column_shows_the_kubelets_drift(
 ) -> None:
     await serving(kubelet, start_daemon, StaticScanner(serials("s0", "s1")))
     kubelet.pin_allocatable(SERIAL, ["s0", "old"])
-    code, table, err = await run_status("--pods", "--kubelet-dir", str(kubelet_dir))
+    code, table, err = await run_devplug("status", "--pods", "--kubelet-dir", str(kubelet_dir))
     assert code == 0, err
     assert rows(table)[1] == [SOCKET, SERIAL, "2", "0", "0", "missing=1,extra=1", "serving"]
-    code, as_json, _ = await run_status("--pods", "--kubelet-dir", str(kubelet_dir), "-o", "json")
+    code, as_json, _ = await run_devplug(
+        "status", "--pods", "--kubelet-dir", str(kubelet_dir), "-o", "json"
+    )
     (plugin,) = json.loads(as_json)["plugins"]
     assert plugin["allocatable"] == {"state": "differs", "missing": ["s1"], "extra": ["old"]}
 
@@ -139,11 +147,11 @@ async def test_without_the_api_one_line_says_so_and_the_exit_status_is_1(
         running_daemon(daemon_settings(kubelet_dir), [StaticScanner(serials("s0"))]),
     ):
         await (await kubelet.wait_for_plugin(SERIAL)).wait_for_update()
-        code, table, err = await run_status("--pods", "--kubelet-dir", str(kubelet_dir))
-        json_code, as_json, _ = await run_status(
-            "--pods", "--kubelet-dir", str(kubelet_dir), "-o", "json"
+        code, table, err = await run_devplug("status", "--pods", "--kubelet-dir", str(kubelet_dir))
+        json_code, as_json, _ = await run_devplug(
+            "status", "--pods", "--kubelet-dir", str(kubelet_dir), "-o", "json"
         )
-        plain_code, _, _ = await run_status("--kubelet-dir", str(kubelet_dir))
+        plain_code, _, _ = await run_devplug("status", "--kubelet-dir", str(kubelet_dir))
     where = kubelet_dir.parent / "pod-resources"
     lines = table.splitlines()
     assert code == json_code == 1, err
@@ -172,7 +180,7 @@ async def test_a_socket_elsewhere_is_named_with_the_flag(
         await (await kubelet.wait_for_plugin(SERIAL)).wait_for_update()
         await kubelet.allocate(SERIAL, ["s0"], pod="web/front")
         flag = ("--pod-resources-socket", str(elsewhere))
-        code, table, err = await run_status(*flag, "--kubelet-dir", str(kubelet_dir))
+        code, table, err = await run_devplug("status", *flag, "--kubelet-dir", str(kubelet_dir))
     assert code == 0, err  # the flag alone asks for the pods
     assert [SERIAL, "s0", "Healthy", "web/front/main"] in rows(table)
     assert table.splitlines()[-1] == f"pod resources: 1 pods, read from {elsewhere}"
@@ -186,7 +194,7 @@ async def test_a_kubelet_without_allocatable_still_names_the_holders(kubelet_dir
     ):
         await (await kubelet.wait_for_plugin(SERIAL)).wait_for_update()
         await kubelet.allocate(SERIAL, ["s0"], pod="web/front")
-        code, table, err = await run_status("--pods", "--kubelet-dir", str(kubelet_dir))
+        code, table, err = await run_devplug("status", "--pods", "--kubelet-dir", str(kubelet_dir))
     assert code == 0, err
     assert rows(table)[1][5] == "unknown"
     assert [SERIAL, "s0", "Healthy", "web/front/main"] in rows(table)

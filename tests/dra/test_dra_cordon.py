@@ -4,9 +4,7 @@ i915 GPU served through DRA) is test_dra_daemon's."""
 
 from __future__ import annotations
 
-import asyncio
-import sys
-
+from helpers import run_devplug
 from test_dra_daemon import I915, IGPU, IGPU_NAME, Node, node, serving
 
 from devplug.testing.kubelet_dra import ClaimName
@@ -15,19 +13,9 @@ __all__ = ["node"]  # the fixture, used by name
 
 
 async def devplug(node: Node, *args: str) -> str:
-    process = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "devplug",
-        *args,
-        "--kubelet-dir",
-        str(node.kubelet_dir),
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-    )
-    out, err = await asyncio.wait_for(process.communicate(), 60)
-    assert process.returncode == 0, err.decode()
-    return out.decode()
+    code, out, err = await run_devplug(*args, "--kubelet-dir", str(node.kubelet_dir))
+    assert code == 0, err
+    return out
 
 
 async def test_a_cordoned_device_leaves_the_pool_and_comes_back_uncordoned(node: Node) -> None:
