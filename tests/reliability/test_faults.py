@@ -301,7 +301,7 @@ async def test_a_device_vanishing_between_enumeration_and_reads(
             remaining = set(victims)
             for device_id in sorted(victims)[:rounds]:
                 met, top, event_path = victims[device_id]
-                changes = len(named(logs, "manager.tree.changed"))
+                changes = len(named(logs, "servers.tree.changed"))
                 trap.arm({met: top}, moment)
                 if moment == "listed":
                     await daemon.rescan()
@@ -312,7 +312,7 @@ async def test_a_device_vanishing_between_enumeration_and_reads(
                 listed = await session.wait_for_update(not_healthy(device_id))
                 assert {i for i, d in listed.items() if d.health == "Healthy"} == remaining
                 # The tree change is logged; the scan itself failed nowhere.
-                changed = named(logs, "manager.tree.changed")[changes:]
+                changed = named(logs, "servers.tree.changed")[changes:]
                 assert changed and resource in changed[-1]["changed"]
                 assert trouble(logs) == []
                 # The kernel's remove events follow; then the device is gone for good.
@@ -437,7 +437,7 @@ async def test_garbage_numa_nodes_are_served_without_topology(
             (answer,) = await gpus.allocate(sorted(by_gpu))
             assert len(answer.nodes) == 2 * count  # card and render of each
             assert daemon_task_alive()
-    added = named(logs, "manager.tree.changed")[0]["added"]
+    added = named(logs, "servers.tree.changed")[0]["added"]
     assert added == sorted([I915, LABELLED, RENDER])
     assert trouble(logs) == []
     assert outside() == before
@@ -515,11 +515,11 @@ async def test_garbage_intel_gpu_attributes_are_served_or_skipped(
                     f"/dev/dri/renderD{128 + index}",
                 ]
             # A rescan reads the same garbage again and comes to the same answer.
-            changes = len(named(logs, "manager.tree.changed"))
+            changes = len(named(logs, "servers.tree.changed"))
             await daemon.rescan()
-            assert len(named(logs, "manager.tree.changed")) == changes
+            assert len(named(logs, "servers.tree.changed")) == changes
             assert daemon_task_alive()
-    assert named(logs, "manager.tree.changed")[0]["added"] == [I915]
+    assert named(logs, "servers.tree.changed")[0]["added"] == [I915]
     assert trouble(logs) == []
     assert outside() == before
 

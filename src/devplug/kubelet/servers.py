@@ -154,7 +154,7 @@ class ResourceServers:
         if not change:
             return
         log.info(
-            "manager.tree.changed",
+            "servers.tree.changed",
             added=sorted(change.added),
             removed=sorted(change.removed),
             changed=sorted(change.changed),
@@ -189,7 +189,7 @@ class ResourceServers:
 
     async def _retire(self, name: str) -> None:
         running = self._running[name]
-        log.info("manager.resource.removed", resource=name)
+        log.info("servers.resource.removed", resource=name)
         try:
             await running.server.retire()
         finally:
