@@ -413,11 +413,18 @@ def test_the_admission_policy_pins_the_service_account_to_its_own_nodes_slices()
     )
     for side in ("oldObject", "object"):  # a DELETE has only the old object
         assert f"{side}.spec.nodeName" in variables["sliceNode"]
+    for side in ("oldObject", "object"):
+        assert f"{side}.spec.driver" in variables["sliceDriver"]
+    driver = yaml.safe_load((DRA / "config.yaml").read_text())["dra"]["driver"]
     expressions = [v["expression"] for v in spec["validations"]]
     assert expressions == [
         "variables.callerNode != ''",
         "variables.sliceNode == variables.callerNode",
+        f"variables.sliceDriver == '{driver}'",  # in step with the config's dra.driver
     ]
+    # A denial is a 403, which devplug retries with back-off; without a reason the API server
+    # answers 422 Invalid, the answer for a body that can never be stored.
+    assert [v.get("reason") for v in spec["validations"]] == ["Forbidden"] * 3
     assert binding["spec"] == {
         "policyName": policy["metadata"]["name"],
         "validationActions": ["Deny"],

@@ -35,9 +35,11 @@ its content did not change meanwhile.
 exponential back-off and jitter (``retry_initial_s`` 0.5 s doubling to ``retry_max_s``
 15 s), logging ``dra.slices.api.unreachable`` once and ``dra.slices.api.reachable`` when it
 answers again. A slice the API server refuses (422: its rules are stricter than devplug's
-mirror of them) is logged with the devices its causes name and counted, and the same body is
-not sent again (a changed pool is); the other slices still go out. Any other refusal (403
-from RBAC, ...) is logged once and retried with back-off.
+mirror of them) is logged with the devices its causes name and counted, and sent again at once
+without them (:mod:`.refusals`; without any device when the causes name none), so that the
+pool keeps every slice its ``resourceSliceCount`` counts; an empty slice refused is not sent
+again until it changes. The other slices go out meanwhile. Any other refusal (403 from RBAC or
+the admission policy, ...) is logged once and retried with back-off.
 
 **Stopping** (cancelling :meth:`~SlicePublisher.run`) deletes nothing: the kubelet wipes a
 driver's slices itself 30 s after its plugin went away, and a daemon that restarts within
@@ -286,7 +288,8 @@ class SlicePublisher:
     def _prepare(
         self, tree: DeviceTree, stored: Mapping[str, JsonObject], last: Published | None
     ) -> tuple[_Desired, SlicePlan]:
-        """Build, screen and plan (in a worker thread: reads only immutable inputs)."""
+        """Build, screen, take out what the API server refused before, and plan (in a
+        worker thread: the pass awaits it, and nothing else changes what it reads meanwhile)."""
         wanted = self._resources
         basis = ({r: tree[r] for r in tree if wanted is None or r in wanted}, self._node_uid)
         if self._built is not None and self._built[0] == basis:
@@ -302,6 +305,8 @@ class SlicePublisher:
             )
             desired = _Desired(pool, self._screen(pool.slices))
             self._built = (basis, desired)
+        if self._writer.refusals:
+            desired = replace(desired, screened=self._writer.refusals.apply(desired.screened))
         hold = {name for name, _ in desired.screened.unsendable}
         return desired, plan_slices(desired.screened.slices, stored, last, hold=hold)
 

@@ -75,16 +75,18 @@ class SliceScreen:
         errors = self._validator(obj)
         if not errors:
             return Screened((obj,))
-        obj, dropped = _without_refused_devices(obj, errors)
+        obj, dropped = without_devices_named(obj, errors)
         refused = tuple(RefusedDevice(name, device, problems) for device, problems in dropped)
         errors = self._validator(obj) if dropped else errors
         unsendable = ((name, tuple(str(error) for error in errors)),) if errors else ()
         return Screened((obj,), refused, unsendable)
 
 
-def _without_refused_devices(
+def without_devices_named(
     obj: JsonObject, errors: Sequence[FieldError]
 ) -> tuple[JsonObject, list[tuple[str, tuple[str, ...]]]]:
+    """The slice ``obj`` without the devices that ``errors`` point at (``spec.devices[<i>]``
+    fields), and those devices' names with their problems ("field: message")."""
     devices: list[Any] = obj["spec"].get("devices") or []
     by_index: dict[int, list[str]] = {}
     for error in errors:

@@ -9,14 +9,18 @@ twice.
 
 A failure is one of:
 
-- **rejected**: the API server refused the slice as invalid (422), or the client could not
-  send all of it: logged (``dra.slices.rejected``) with the devices its causes name, and the
-  same body is not sent again (:meth:`SliceWriter.without_rejected`); a changed slice is;
+- **rejected**: the API server refused a slice to create or update as invalid (422), or the
+  client could not send all of it: logged (``dra.slices.rejected``) with the devices its
+  causes name. What was refused goes into :attr:`SliceWriter.refusals`
+  (:mod:`.refusals`), and the publisher sends the slice again at once without it, so the
+  pool keeps all its slices; an empty slice refused is not sent again with the same body
+  (:meth:`SliceWriter.without_rejected`); a changed one is;
 - **the API server away** (unreachable, 5xx, 429): told to the :class:`ApiOutage`, which
   logs once;
 - **a conflict** (409, or 404 on a PUT): the slice changed since the watch showed it; the
   watch brings the newer one and the publisher tries again;
-- **refused otherwise** (403 from RBAC, ...): logged once per problem, tried again.
+- **refused otherwise** (403 from RBAC or an admission policy, a DELETE an admission policy
+  denies with 422): logged once per problem, tried again with back-off.
 """
 
 from __future__ import annotations
@@ -34,8 +38,10 @@ from devplug.dra.apiclient import (
     ApiUnreachableError,
     JsonObject,
     KubeApi,
+    StatusCause,
     UnsentFieldsError,
 )
+from devplug.dra.refusals import ApiRefusals
 from devplug.dra.slicediff import SlicePlan, Update, normalised
 from devplug.dra.slicemirror import ApiOutage, SliceMirror, api_is_down
 
@@ -51,19 +57,25 @@ class WriteResult:
     name: str  # the slice
     verb: str  # create, update, delete
     error: BaseException | None = None
+    resend: bool = False  # rejected, and what was refused is known: send the rest again
 
     @property
     def rejected(self) -> bool:
-        """Refused as it is: sending it again would be refused again."""
+        """A slice refused as it is: sending the same body again would be refused again.
+        (A DELETE is never rejected so: an API server that refuses one as Invalid is an
+        admission policy's denial, which may be lifted.)"""
         error = self.error
+        if self.verb == "delete":
+            return False
         return isinstance(error, UnsentFieldsError) or (
             isinstance(error, ApiStatusError) and error.code == INVALID
         )
 
     @property
     def retry(self) -> bool:
-        """Failed for a reason that may pass: try again later."""
-        return self.error is not None and not self.rejected
+        """Failed for a reason that may pass, or rejected with what to leave out known:
+        try again."""
+        return self.error is not None and (self.resend or not self.rejected)
 
 
 def count(results: Sequence[WriteResult], verb: str) -> int:
@@ -77,6 +89,7 @@ class SliceWriter:
         self._mirror = mirror
         self._outage = outage
         self._rejected: dict[str, Any] = {}  # slice name -> the spec the API server refused
+        self.refusals = ApiRefusals()  # what to leave out of the slices it refused
         self._refusals = ProblemLog()
 
     @property
@@ -97,9 +110,7 @@ class SliceWriter:
         writes = [self._create(body) for body in plan.creates]
         writes += [self._update(update) for update in plan.updates]
         results += await asyncio.gather(*writes)
-        for result in results:
-            if result.error is not None:
-                self._failed(result, plan)
+        results = [self._failed(r, plan) if r.error is not None else r for r in results]
         if any(result.error is None or result.rejected for result in results):
             self._outage.reached()  # it answered
         return results
@@ -140,22 +151,31 @@ class SliceWriter:
         self._rejected.pop(name, None)
         return WriteResult(name, "update")
 
-    def _failed(self, result: WriteResult, plan: SlicePlan) -> None:
+    def _failed(self, result: WriteResult, plan: SlicePlan) -> WriteResult:
+        """Say what ``result``'s failure means, once; the result, marked when it is to be
+        sent again without what was refused."""
         error = result.error
         assert error is not None
         if result.rejected:
             body = next(b for b in plan.slices if b["metadata"]["name"] == result.name)
-            self._rejected[result.name] = normalised(body["spec"])
-            causes = getattr(error, "causes", ())
+            causes: tuple[StatusCause, ...] = getattr(error, "causes", ())
+            resend = self.refusals.learn(body, causes, str(error))
+            if not resend:
+                self._rejected[result.name] = normalised(body["spec"])
+            devices = _devices_named(body, [cause.field for cause in causes])
+            retry = "when the pool changes"
+            if resend:
+                retry = "at once, without " + ("the devices named" if devices else "its devices")
             log.error(
                 "dra.slices.rejected",
                 slice=result.name,
                 reason=str(error),
-                devices=_devices_named(body, [cause.field for cause in causes]),
+                devices=devices,
                 causes=[f"{cause.field}: {cause.message}" for cause in causes],
-                retry="when the pool changes",
+                retry=retry,
             )
-        elif api_is_down(error):
+            return replace(result, resend=resend)
+        if api_is_down(error):
             self._outage.failed(error, f"{result.verb} slice")
         elif isinstance(error, ApiStatusError) and error.code in (NOT_FOUND, CONFLICT):
             log.debug("dra.slices.conflict", slice=result.name, verb=result.verb, reason=str(error))
@@ -169,8 +189,9 @@ class SliceWriter:
                 verb=result.verb,
                 retry="with back-off",
             )
-            return
+            return result
         self._refusals.solved(result.verb)
+        return result
 
 
 def _devices_named(body: JsonObject, fields: list[str]) -> list[str]:
