@@ -19,13 +19,13 @@ from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.core_v1 import Node
 from lightkube.resources.resource_v1 import ResourceClaim, ResourceSlice
 
-from devplug.testing.apischema import SchemaUnavailableError, StructuralSchema
 from devplug.testing.apiserver import (
     POOL_NAME_FIELD_LABEL,
     SLICE_FIELD_LABELS,
     ApiServer,
     allocated_claim,
 )
+from devplug.testing.apiserver.schema import SchemaUnavailableError, StructuralSchema
 
 DRIVER = "gpu.devplug.example.com"
 SLICES_PATH = "/apis/resource.k8s.io/v1/resourceslices"

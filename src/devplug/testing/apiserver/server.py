@@ -13,7 +13,7 @@ Routes (``resource.k8s.io/v1`` unless said otherwise)::
 
 Claims and nodes are read-only over HTTP; tests put them with :meth:`ApiServer.put_claim` and
 :meth:`ApiServer.put_node`, as the scheduler and the kubelet would. Writes are checked by the
-structural schema (``kubernetes-validate``, see :mod:`devplug.testing.apischema`), then by the
+structural schema (``kubernetes-validate``, see :mod:`.schema`), then by the
 API server's semantic rules (``devplug.dra.validate``), and refused with 422 and its causes.
 
 Not modelled: PATCH and server-side apply, label selectors, finalizers and graceful deletion,
@@ -42,8 +42,13 @@ from typing import Any, Literal
 
 from devplug._kits.values import LatestValue, Watchable
 from devplug.dra.validate import validate_resource_slice
-from devplug.testing.apichecks import FieldProblem, SliceValidator, WriteChecks
-from devplug.testing.apirequest import (
+from devplug.testing.apiserver.checks import SliceValidator, WriteChecks
+from devplug.testing.apiserver.field_selectors import (
+    SLICE_FIELD_LABELS,
+    FieldSelector,
+)
+from devplug.testing.apiserver.http1 import Request, Responder, serve_connection
+from devplug.testing.apiserver.request import (
     Route,
     delete_options,
     int_param,
@@ -56,9 +61,8 @@ from devplug.testing.apirequest import (
     verb_of,
     watch_timeout,
 )
-from devplug.testing.apischema import DEFAULT_SCHEMA_VERSION, structural_schema
-from devplug.testing.apiselect import POOL_NAME_FIELD_LABEL, SLICE_FIELD_LABELS, FieldSelector
-from devplug.testing.apistatus import (
+from devplug.testing.apiserver.schema import DEFAULT_SCHEMA_VERSION, structural_schema
+from devplug.testing.apiserver.status import (
     CLAIMS,
     NODES,
     SLICES,
@@ -67,22 +71,9 @@ from devplug.testing.apistatus import (
     StatusError,
     bad_request,
 )
-from devplug.testing.apistore import Store
-from devplug.testing.apiwatch import WatchOptions, stream_watch
-from devplug.testing.http1 import Request, Responder, serve_connection
+from devplug.testing.apiserver.store import Store
+from devplug.testing.apiserver.watch import WatchOptions, stream_watch
 from devplug.testing.waiting import waiting_for
-
-__all__ = [
-    "DEFAULT_SCHEMA_VERSION",
-    "POOL_NAME_FIELD_LABEL",
-    "SLICE_FIELD_LABELS",
-    "ApiServer",
-    "FieldProblem",
-    "RequestRecord",
-    "SliceValidator",
-    "TlsFiles",
-    "allocated_claim",
-]
 
 WRITE_VERBS = frozenset({"create", "update", "patch", "delete", "deletecollection"})
 

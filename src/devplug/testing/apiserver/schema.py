@@ -18,7 +18,7 @@ import importlib
 from collections.abc import Mapping
 from typing import Any
 
-from devplug.testing.apistatus import Cause, Kind
+from devplug.testing.apiserver.status import Cause, Kind
 
 DEFAULT_SCHEMA_VERSION = "1.34.0"
 _PACKAGE = "kubernetes-validate"

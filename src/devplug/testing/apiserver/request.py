@@ -9,7 +9,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from devplug.testing.apistatus import (
+from devplug.testing.apiserver.http1 import Request, Responder
+from devplug.testing.apiserver.status import (
     CLAIMS,
     NODES,
     SLICES,
@@ -18,7 +19,6 @@ from devplug.testing.apistatus import (
     StatusError,
     bad_request,
 )
-from devplug.testing.http1 import Request, Responder
 
 JSON = "application/json"
 

@@ -1,6 +1,6 @@
 """What the stand-in API server stores and how a real one treats writes: server-set metadata,
 one resourceVersion counter, generateName, optimistic concurrency, preconditions, list pages
-and the watch history. No I/O here: :mod:`devplug.testing.apiserver` puts HTTP in front.
+and the watch history. No I/O here: :mod:`.server` puts HTTP in front.
 
 Each rule is the real API server's, read in kubernetes/kubernetes (``staging/src/k8s.io/``
 ``apiserver/pkg/registry/generic/registry/store.go``: Create, Update, Delete, DeleteCollection;
@@ -25,8 +25,8 @@ from datetime import UTC, datetime
 from typing import Any
 
 from devplug._kits.values import LatestValue
-from devplug.testing.apiselect import FieldSelector, selectable_fields
-from devplug.testing.apistatus import (
+from devplug.testing.apiserver.field_selectors import FieldSelector, selectable_fields
+from devplug.testing.apiserver.status import (
     OPTIMISTIC_LOCK_MESSAGE,
     Cause,
     JsonObject,

@@ -10,7 +10,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from devplug.testing.apistatus import SLICES, Kind, bad_request
+from devplug.testing.apiserver.status import SLICES, Kind, bad_request
 
 # Field selectors a 1.34-1.36 API server takes for ResourceSlices (pkg/apis/resource/v1/
 # conversion.go). spec.pool.name came later (kubernetes/kubernetes#138456, merged 2026); before

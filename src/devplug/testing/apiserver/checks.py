@@ -10,8 +10,8 @@ import json
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
-from devplug.testing.apischema import StructuralSchema
-from devplug.testing.apistatus import SLICES, Cause, JsonObject, Kind
+from devplug.testing.apiserver.schema import StructuralSchema
+from devplug.testing.apiserver.status import SLICES, Cause, JsonObject, Kind
 
 
 class FieldProblem(Protocol):

@@ -21,10 +21,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from devplug._kits.values import LatestValue
-from devplug.testing.apiselect import FieldSelector, selectable_fields
-from devplug.testing.apistatus import SLICES, JsonObject, Kind, StatusError, bad_request
-from devplug.testing.apistore import Store
-from devplug.testing.http1 import Request, Responder
+from devplug.testing.apiserver.field_selectors import FieldSelector, selectable_fields
+from devplug.testing.apiserver.http1 import Request, Responder
+from devplug.testing.apiserver.status import SLICES, JsonObject, Kind, StatusError, bad_request
+from devplug.testing.apiserver.store import Store
 
 
 @dataclass(frozen=True, slots=True)
