@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 from collections import Counter
 from collections.abc import AsyncIterator, Callable, Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -388,6 +389,84 @@ async def test_a_wipe_puts_the_slices_back_at_the_same_generation(
         # The Node read again before they were: deleted by the garbage collector, they were
         # owned by a Node that is gone, and one of the same name has another uid.
         assert api.requests["get"] == gets + 1
+
+
+class SilencingProxy:
+    """A TCP proxy in front of the stand-in that can make its open connections go silent
+    without closing them: a half-open connection, as an API server or load balancer that fails
+    over leaves it. New connections work."""
+
+    def __init__(self, port: int) -> None:
+        self.port = port
+        self.silenced: list[asyncio.Event] = []  # one per connection made so far
+        self._pumps: set[asyncio.Task[None]] = set()
+
+    async def __aenter__(self) -> int:
+        self.server = await asyncio.start_server(self._connection, "127.0.0.1", 0)
+        return int(self.server.sockets[0].getsockname()[1])
+
+    async def __aexit__(self, *exc: object) -> None:
+        for pump in self._pumps:
+            pump.cancel()
+        await asyncio.gather(*self._pumps, return_exceptions=True)
+        self.server.close()
+        await self.server.wait_closed()
+
+    async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        upstream_reader, upstream_writer = await asyncio.open_connection("127.0.0.1", self.port)
+        silent = asyncio.Event()
+        self.silenced.append(silent)
+        pumps = [
+            asyncio.create_task(self._pump(reader, upstream_writer, silent)),
+            asyncio.create_task(self._pump(upstream_reader, writer, silent)),
+        ]
+        self._pumps.update(pumps)
+        await asyncio.gather(*pumps, return_exceptions=True)
+        for stream in (writer, upstream_writer):
+            stream.close()
+
+    @staticmethod
+    async def _pump(
+        source: asyncio.StreamReader, sink: asyncio.StreamWriter, silent: asyncio.Event
+    ) -> None:
+        while data := await source.read(65536):
+            if silent.is_set():
+                await asyncio.Event().wait()  # never again a byte, and never a close
+            sink.write(data)
+            await sink.drain()
+
+    def silence_open_connections(self) -> None:
+        for silent in self.silenced:
+            silent.set()
+
+
+async def test_a_watch_on_a_silent_connection_is_given_up_and_a_wipe_still_put_back(
+    api: ApiServer, tmp_path: Path
+) -> None:
+    proxy = SilencingProxy(int(api.url.rstrip("/").rsplit(":", 1)[1]))
+    async with proxy as port:
+        config = api.write_kubeconfig(tmp_path / "proxied")
+        config.write_text(
+            config.read_text().replace(api.url.rstrip("/"), f"http://127.0.0.1:{port}")
+        )
+        # Requests other than the watch give up after 2 s; each watch after 1 s plus 1 s.
+        kube = load_api_client({"KUBECONFIG": str(config)}, timeout=2.0)
+        timing = replace(FAST, watch_s=(1.0, 1.0), watch_margin_s=1.0)
+        try:
+            async with publishing(kube, LatestValue(tree(range(3))), timing=timing) as publisher:
+                await api.wait_for(complete_with(names(range(3))), what="first publish")
+                # The pass has its answers (none is left on a connection about to go silent).
+                await publisher.published.wait_for(lambda pool: pool is not None, 5)
+                await api.wait_for(lambda a: a.open_watches == 1, what="the watch")
+                # The watch's connection (and every other open one) goes silent, then the
+                # kubelet wipes the slices: no DELETED event can arrive.
+                proxy.silence_open_connections()
+                api.delete_slices(f"spec.nodeName={NODE}")
+                await api.wait_for(
+                    complete_with(names(range(3))), timeout=30, what="the slices put back"
+                )
+        finally:
+            await kube.aclose()
 
 
 async def test_an_outage_is_waited_out_with_back_off_and_logged_twice(

@@ -97,7 +97,7 @@ class KubeApi(Protocol):
     async def list_slices(self, driver: str, node: str) -> SliceList: ...
 
     def watch_slices(
-        self, driver: str, node: str, resource_version: str
+        self, driver: str, node: str, resource_version: str, *, timeout_s: int | None = None
     ) -> AsyncIterator[WatchEvent]: ...
 
     async def create_slice(self, obj: Mapping[str, Any]) -> JsonObject: ...
@@ -128,12 +128,18 @@ class LightkubeApi:
             return SliceList(listing.resourceVersion, items)
 
     async def watch_slices(
-        self, driver: str, node: str, resource_version: str
+        self, driver: str, node: str, resource_version: str, *, timeout_s: int | None = None
     ) -> AsyncIterator[WatchEvent]:
         """Events after ``resource_version``, without end: lightkube re-opens the watch from
-        the last event when the server ends one. Raises on the first error (410 included)."""
+        the last event when the server ends one (after ``timeout_s``, the request's
+        ``timeoutSeconds``, when given). Raises on the first error (410 included). A
+        connection that goes silent is not noticed here (lightkube reads watches without a
+        timeout): the caller bounds the watch."""
         events = self._client.watch(
-            ResourceSlice, fields=_own(driver, node), resource_version=resource_version
+            ResourceSlice,
+            fields=_own(driver, node),
+            resource_version=resource_version,
+            server_timeout=timeout_s,
         )
         try:
             with _translated():

@@ -79,6 +79,8 @@ log = structlog.get_logger(__name__)
 SETTLE_S = 0.15
 RETRY_INITIAL_S = 0.5
 RETRY_MAX_S = 15.0
+WATCH_S = (300.0, 600.0)  # client-go's reflector: timeoutSeconds of 5 to 10 minutes
+WATCH_MARGIN_S = 15.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,6 +88,10 @@ class PublishTiming:
     settle_s: float = SETTLE_S
     retry_initial_s: float = RETRY_INITIAL_S
     retry_max_s: float = RETRY_MAX_S
+    # How long each watch of the slices lasts: a random time in this range, then a new list
+    # and watch (a connection that went silent is given up a margin after it).
+    watch_s: tuple[float, float] = WATCH_S
+    watch_margin_s: float = WATCH_MARGIN_S
 
 
 @dataclass(slots=True)
@@ -143,6 +149,8 @@ class SlicePublisher:
             outage=self._outage,
             retry_initial_s=self._timing.retry_initial_s,
             retry_max_s=self._timing.retry_max_s,
+            watch_s=self._timing.watch_s,
+            watch_margin_s=self._timing.watch_margin_s,
             on_change=self._wake.set,
         )
         self._tree: LatestValue[DeviceTree | None] = LatestValue(None)

@@ -8,6 +8,13 @@ the list's resourceVersion; a watch that expired (410) lists again at once, one 
 (API server gone) lists again after a back-off. Until a list has succeeded after a break the
 mirror is not :attr:`~SliceMirror.synced`, and the publisher writes nothing on its word.
 
+A watch is a long HTTP response, and a connection can go silent without closing (an API server
+or load balancer failing over, a NAT entry dropped): nothing would ever arrive on it again, and
+a wipe would never be seen. So every watch asks the server to end it after a random 5 to 10
+minutes (``timeoutSeconds``, as client-go's reflector does), and is given up here a margin
+after that, whatever the connection says; then the mirror lists again and watches anew. On a
+healthy idle node that costs one list and one watch every 5 to 10 minutes, and no writes.
+
 The publisher's own writes reach the mirror twice: from the write's answer
 (:meth:`~SliceMirror.record`, :meth:`~SliceMirror.forget`), so that the next pass never
 creates a slice a second time before the watch has shown it (what client-go's MutationCache
@@ -25,6 +32,7 @@ pool makes no requests.
 from __future__ import annotations
 
 import asyncio
+import random
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -112,9 +120,13 @@ class SliceMirror:
         outage: ApiOutage,
         retry_initial_s: float,
         retry_max_s: float,
+        watch_s: tuple[float, float] = (300.0, 600.0),
+        watch_margin_s: float = 15.0,
         on_change: Callable[[], None] = lambda: None,
     ) -> None:
         self._api = api
+        self._watch_s = watch_s
+        self._watch_margin_s = watch_margin_s
         self._on_change = on_change
         self._driver = driver
         self._node = node_name
@@ -197,14 +209,24 @@ class SliceMirror:
             backoff.reset()
 
     async def _follow(self, version: str) -> None:
-        events = self._api.watch_slices(self._driver, self._node, version)
+        """Apply the watch's events until it ends or its time is up (then the caller lists
+        again)."""
+        lasting = random.uniform(*self._watch_s)
+        events = self._api.watch_slices(
+            self._driver, self._node, version, timeout_s=max(1, round(lasting))
+        )
         try:
-            first = True
-            async for event in events:
-                if first:
-                    first = False
-                    self._outage.reached()
-                self._apply(event)
+            async with asyncio.timeout(lasting + self._watch_margin_s):
+                first = True
+                async for event in events:
+                    if first:
+                        first = False
+                        self._outage.reached()
+                    self._apply(event)
+        except TimeoutError:
+            # Healthy (the server ended it and the client opened another) or silent: either
+            # way a list now finds whatever was missed.
+            log.debug("dra.slices.watch.renewed", after_s=round(lasting, 1))
         finally:
             close = getattr(events, "aclose", None)
             if close is not None:
