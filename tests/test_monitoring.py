@@ -351,3 +351,27 @@ async def test_an_unreadable_cordon_file_shows_on_the_metrics_endpoint_until_fix
     found = cordon_samples(await scrape(daemon))
     assert found["devplug_cordons_unreadable"] == 0
     assert found["devplug_devices_cordoned"] == 1
+
+
+async def test_cordoned_devices_present_are_counted_apart_from_the_unhealthy_ones(
+    kubelet: KubeletSimulator, kubelet_dir: Path, start_daemon: DaemonStarter
+) -> None:
+    """What DevplugDevicesUnhealthy takes off devplug_devices{health="Unhealthy"}: the cordoned
+    devices advertised now, not a cordon of a device that is away (which a fault beside it
+    would hide behind)."""
+    since = "2025-01-31T09:30:00Z"
+    cordons = {SERIAL: {i: {"reason": "bad fan", "since": since} for i in ("s1", "away")}}
+    write_cordons(kubelet_dir, json.dumps({"version": 1, "cordons": cordons}))
+    settings = daemon_settings(kubelet_dir, metrics_address="127.0.0.1:0")
+    daemon = await start_daemon(settings, [StaticScanner(serials("s0", "s1"))])
+    await (await kubelet.wait_for_plugin(SERIAL)).wait_for_update()
+    found = await scrape(daemon)
+    by_resource = (("resource", SERIAL),)
+    assert found[("devplug_devices_cordoned", by_resource)] == 2
+    assert found[("devplug_devices_cordoned_advertised", by_resource)] == 1
+    unhealthy = (("health", "Unhealthy"), ("resource", SERIAL))
+    assert found[("devplug_devices", unhealthy)] == 1
+
+    await uncordon(kubelet_dir, "s1")
+    found = await scrape(daemon)
+    assert found[("devplug_devices_cordoned_advertised", by_resource)] == 0

@@ -28,6 +28,7 @@ import asyncio
 import contextlib
 import dataclasses
 import os
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -208,7 +209,10 @@ class Daemon:
             self.metrics.refreshers.append(self._count_dra)
         # Who holds each device, from the kubelet's pod resources API beside its dir.
         self.holders = HolderWatch(
-            default_socket(settings.kubelet_dir), self.metrics, self._registered_resources
+            default_socket(settings.kubelet_dir),
+            self.metrics,
+            self._registered_resources,
+            scanners=lambda: self.scan_loop.runner.scanners,  # the reloaded ones after SIGHUP
         )
 
     # ------------------------------------------------------------------ public controls
@@ -424,8 +428,16 @@ class Daemon:
 
     def _count_cordons(self) -> None:
         """The cordons' numbers, for a scrape."""
+        tree = self._stats.value.advertised
+        advertised = Counter(
+            resource
+            for (resource, device_id), _ in self.cordons.items()
+            if (info := tree.get(resource, {}).get(device_id)) is not None and info.cordoned
+        )
         self.metrics.cordons_counted(
-            self.cordons.by_resource(), unreadable=self.cordons.unreadable is not None
+            self.cordons.by_resource(),
+            unreadable=self.cordons.unreadable is not None,
+            advertised=advertised,
         )
 
     def _count_dra(self) -> None:

@@ -125,6 +125,11 @@ class CdiEdits:
     additional_gids: tuple[int, ...] = ()
 
 
+# How the health reason of a device the operator cordoned (``devplug cordon``) starts: the
+# fronts tell a cordon (a device taken out of service on purpose) from a fault by it.
+CORDON_REASON_PREFIX = "cordoned: "
+
+
 @dataclass(frozen=True, slots=True)
 class DeviceInfo:
     """Everything devplug knows about one advertised device.
@@ -163,6 +168,11 @@ class DeviceInfo:
     @property
     def healthy(self) -> bool:
         return self.health is Health.HEALTHY
+
+    @property
+    def cordoned(self) -> bool:
+        """Unhealthy because the operator cordoned it (whatever else ails it)."""
+        return not self.healthy and self.health_reason.startswith(CORDON_REASON_PREFIX)
 
 
 @dataclass(frozen=True, slots=True)

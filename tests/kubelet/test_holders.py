@@ -17,10 +17,11 @@ from devplug.config import HotplugSettings
 from devplug.daemon import Daemon
 from devplug.kubelet.holders import Drift, HeldDevice, HoldersReport, HolderTiming
 from devplug.kubelet.podresources import Holder, default_socket
-from devplug.model import DeviceInfo, DeviceNode
+from devplug.model import DeviceInfo, DeviceNode, Health
+from devplug.ops.control import ask
 from devplug.scanners.generic import GenericScanner
 from devplug.testing import KubeletSimulator, daemon_settings
-from devplug.testing.harness import DaemonStarter, StaticScanner
+from devplug.testing.harness import DaemonStarter, StaticScanner, in_process_daemon
 from devplug.testing.podresources import PodResourcesGates
 from devplug.testing.umockdev import UmockdevHost, add_usb_serial
 
@@ -237,3 +238,144 @@ async def test_a_kubelet_without_allocatable_gives_holders_but_no_drift(
     assert drift is None  # unknown, not 0
     (said,) = events(logs, "podresources.allocatable.unavailable")
     assert said["reason"] == "UNKNOWN: Pod Resources API GetAllocatableResources disabled"
+
+
+@pytest.mark.parametrize("gone", ["socket", "dir"])
+async def test_a_socket_made_after_it_was_absent_is_read_at_once(
+    kubelet: KubeletSimulator,
+    kubelet_dir: Path,
+    start_daemon: DaemonStarter,
+    logs: Logs,
+    gone: str,
+) -> None:
+    # A kubelet restarting (its socket gone a moment), or starting after devplug at boot (its
+    # pod-resources dir not made yet): the slow re-check (an hour here) must not be the wait.
+    await kubelet.pod_resources.stop()
+    socket = default_socket(kubelet_dir)
+    if gone == "dir":
+        socket.parent.rmdir()
+    daemon = await start_daemon(daemon_settings(kubelet_dir), [two_serials()])
+    daemon.holders.timing = QUICK
+    await daemon.holders.report.wait_for(lambda r: r.state == "absent", 10)
+
+    await kubelet.pod_resources.start()
+    await kubelet.allocate(SERIAL, ["a"], pod="web/front", container="app")
+    report = await daemon.holders.report.wait_for(lambda r: r.state == "available", 10)
+    assert report.in_use == {SERIAL: 1}
+    assert metric(daemon, "devplug_pod_resources_up") == 1
+    (said,) = events(logs, "podresources.available")
+    assert said["socket"] == str(socket)
+
+
+async def test_the_kubelet_answering_allocatable_again_is_said(
+    kubelet: KubeletSimulator, kubelet_dir: Path, start_daemon: DaemonStarter, logs: Logs
+) -> None:
+    lister = kubelet.pod_resources.lister
+    lister.gates = PodResourcesGates(get_allocatable=False)
+    daemon = await start_daemon(daemon_settings(kubelet_dir), [two_serials()])
+    await (await kubelet.wait_for_plugin(SERIAL)).wait_for_update()
+    await daemon.holders.read_now()
+    await daemon.holders.read_now()
+    assert len(events(logs, "podresources.allocatable.unavailable")) == 1
+
+    lister.gates = PodResourcesGates()  # the kubelet upgraded, or its gate turned on
+    assert (await daemon.holders.read_now()).drift == {}
+    (said,) = events(logs, "podresources.allocatable.available")
+    assert said["log_level"] == "info"
+
+    lister.gates = PodResourcesGates(get_allocatable=False)  # and off again: said again
+    await daemon.holders.read_now()
+    assert len(events(logs, "podresources.allocatable.unavailable")) == 2
+
+
+async def test_a_cordoned_device_in_use_is_told_from_a_faulty_one(
+    kubelet: KubeletSimulator, kubelet_dir: Path, start_daemon: DaemonStarter, logs: Logs
+) -> None:
+    scanner = two_serials()
+    daemon = await start_daemon(daemon_settings(kubelet_dir), [scanner])
+    daemon.holders.timing = QUICK
+    session = await kubelet.wait_for_plugin(SERIAL)
+    await session.wait_for_update()
+    await kubelet.allocate(SERIAL, ["a"], pod="web/front", container="app")
+    await kubelet.allocate(SERIAL, ["b"], pod="batch/job", container="worker")
+
+    # The operator drains "a" through the daemon's control channel (devplug cordon's way).
+    answer = await ask(
+        daemon.control.path,
+        {"op": "cordon", "resource": SERIAL, "id": "a", "reason": "bad cable"},
+        timeout=10,
+    )
+    assert answer["ok"], answer
+    # "b" fails on its own.
+    null = (DeviceNode("/dev/null"),)
+    scanner.set(
+        {
+            SERIAL: {
+                "a": DeviceInfo(nodes=null),
+                "b": DeviceInfo(health=Health.UNHEALTHY, health_reason="fan failed", nodes=null),
+            }
+        }
+    )
+    await daemon.rescan()
+    report = await daemon.holders.report.wait_for(lambda r: len(r.unhealthy_in_use) == 2, 10)
+    drained = HeldDevice(SERIAL, "a", FRONT)
+    assert report.cordoned_in_use == {drained}
+
+    said = {e["device"]: e for e in events(logs, "podresources.device.unhealthy_in_use")}
+    assert (said["a"]["reason"], said["a"]["cordoned"]) == ("cordoned: bad cable", True)
+    assert said["a"]["log_level"] == "info"  # a drain the operator started
+    assert (said["b"]["reason"], said["b"]["cordoned"]) == ("fan failed", False)
+    assert said["b"]["log_level"] == "warning"
+    # The faulty one alone counts as unhealthy in use (the alert's), the cordoned one apart.
+    assert metric(daemon, "devplug_devices_unhealthy_in_use", resource=SERIAL) == 1
+    assert metric(daemon, "devplug_devices_cordoned_in_use", resource=SERIAL) == 1
+
+    kubelet.release("web/front")  # the drain is done
+    await daemon.holders.read_now()
+    assert metric(daemon, "devplug_devices_cordoned_in_use", resource=SERIAL) == 0
+    assert metric(daemon, "devplug_devices_unhealthy_in_use", resource=SERIAL) == 1
+
+
+async def test_devices_advertised_unhealthy_are_not_extra_to_an_old_kubelet(
+    kubelet: KubeletSimulator, kubelet_dir: Path, start_daemon: DaemonStarter
+) -> None:
+    null = (DeviceNode("/dev/null"),)
+    scanner = StaticScanner(
+        {
+            SERIAL: {
+                "a": DeviceInfo(nodes=null),
+                "b": DeviceInfo(health=Health.UNHEALTHY, health_reason="fan failed", nodes=null),
+            }
+        }
+    )
+    daemon = await start_daemon(daemon_settings(kubelet_dir), [scanner])
+    await (await kubelet.wait_for_plugin(SERIAL)).wait_for_update()
+    await daemon.stats.wait_for(lambda s: SERIAL in s.advertised, 10)
+    # A kubelet before 1.23 lists unhealthy devices as allocatable (kubernetes#104122); one
+    # that offers an id devplug does not advertise at all still drifts.
+    kubelet.pin_allocatable(SERIAL, ["a", "b"])
+    reports = [await daemon.holders.read_now() for _ in range(2)]
+    assert reports[-1].drift == {}
+    kubelet.pin_allocatable(SERIAL, ["a", "b", "stale"])
+    reports = [await daemon.holders.read_now() for _ in range(2)]
+    assert reports[-1].drift == {SERIAL: Drift(frozenset(), frozenset({"stale"}))}
+
+
+async def test_a_device_unplugged_while_devplug_was_down_is_gone_while_allocated(
+    host: UmockdevHost, kubelet: KubeletSimulator, kubelet_dir: Path, logs: Logs
+) -> None:
+    tty = add_usb_serial(host, index=0)
+    settings = daemon_settings(kubelet_dir)
+    async with in_process_daemon(settings, [GenericScanner.from_config(ENTRIES)]):
+        await (await kubelet.wait_for_plugin(SERIAL)).wait_for_update()
+        await kubelet.allocate(SERIAL, ["ttyUSB0"], pod="web/front", container="app")
+    await host.unplug(tty.rsplit("/tty/", 1)[0])  # while devplug is down
+
+    # Started again, it finds no device of the resource, so never advertises it: the
+    # configured scanner's declaration makes the resource devplug's all the same.
+    async with in_process_daemon(settings, [GenericScanner.from_config(ENTRIES)]) as daemon:
+        assert SERIAL not in daemon.stats.value.advertised
+        report = await daemon.holders.read_now()
+    assert report.gone_while_allocated == {HeldDevice(SERIAL, "ttyUSB0", FRONT)}
+    (said,) = events(logs, "podresources.device.gone_while_allocated")
+    assert said["device"] == "ttyUSB0"

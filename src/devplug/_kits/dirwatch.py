@@ -51,8 +51,12 @@ class DirWatcher:
         topic: str,
         *,
         attributes: bool = False,
+        missing_level: str = "warning",
     ) -> None:
         self.directory = directory
+        # How loud a missing dir is: info where its absence is a setup devplug serves
+        # without (a pod without the kubelet's pod-resources mount).
+        self.missing_level = missing_level
         # ``attributes``: a chmod, chown or touch is a change too (it moves a file's ctime).
         self.mask = _WATCH_MASK | Mask.ATTRIB if attributes else _WATCH_MASK
         self.relevant = relevant
@@ -84,7 +88,7 @@ class DirWatcher:
                     f"{self.topic}.dir.missing",
                     "missing",
                     key="dir",
-                    level="warning",
+                    level=self.missing_level,
                     field="state",
                     dir=str(self.directory),
                 )

@@ -21,7 +21,7 @@ from typing import Protocol
 
 import structlog
 
-from devplug.model import DeviceInfo, DeviceTree, Health
+from devplug.model import CORDON_REASON_PREFIX, DeviceInfo, DeviceTree, Health
 
 log = structlog.get_logger(__name__)
 
@@ -298,7 +298,7 @@ class HealthGate:
             cordon = cordons.reason(*key)
             if cordon is None:
                 return info
-            reason = f"cordoned: {cordon}"
+            reason = f"{CORDON_REASON_PREFIX}{cordon}"
         if not info.healthy and info.health_reason:
             reason = f"{reason}; {info.health_reason}"
         return dataclasses.replace(info, health=Health.UNHEALTHY, health_reason=reason)

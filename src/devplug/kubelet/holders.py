@@ -2,18 +2,27 @@
 
 The kubelet's pod resources API (:mod:`.podresources`) has no watch, so :class:`HolderWatch`
 follows the tree devplug advertises and reads the API ``settle_s`` after each new one (time
-for the kubelet to take the new lists; changes meanwhile join in), every ``period_s``
-besides, and only every ``absent_period_s`` while the socket is absent (a kubelet without the
-API, a pod without the mount: said once, and the daemon carries on). Each reading is
-compared with the tree:
+for the kubelet to take the new lists; changes meanwhile join in) and every ``period_s``
+besides. While the socket is absent (a kubelet without the API, a pod without the mount: said
+once, and the daemon carries on) or does not answer, an inotify watch of its dir wakes it when
+the socket is made (a kubelet starting after devplug at boot, or restarting), ``settle_s``
+later; the slow ``absent_period_s`` re-check only backs the watch up.
 
-- a device a container holds that devplug advertises Unhealthy is *unhealthy in use*;
+devplug's resources, whose devices it looks for, are those it advertised since it started and
+those a configured scanner declares (``ResourceNamer``): after a restart, a pod may still hold
+a device of a resource devplug has not advertised since. Each reading is compared with the
+tree:
+
+- a device a container holds that devplug advertises Unhealthy is *unhealthy in use*; the log
+  line gives the device's health reason, and one the operator cordoned (``cordoned: ...``, a
+  drain under way rather than a fault) is counted apart;
 - a device a container holds that devplug no longer advertises (unplugged, unbound, its
   resource gone) is *gone while allocated*;
 - *drift*: for each registered resource, the ids the kubelet could allocate (its healthy
   devices, GetAllocatableResources) against the ids devplug advertises Healthy. A difference
   counts once it is seen in two readings in a row, so the moment between a new list and the
-  kubelet taking it never does.
+  kubelet taking it never does. An id devplug advertises Unhealthy is never *extra*: kubelets
+  before 1.23 list unhealthy devices as allocatable too (kubernetes#104122).
 
 Each change is logged once (a device flagged, a flag cleared, drift found or cleared) and
 every reading goes to :class:`HolderEvents` (the metrics). :attr:`HolderWatch.report` is the
@@ -25,7 +34,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
@@ -33,6 +42,7 @@ from typing import Protocol
 
 import structlog
 
+from devplug._kits.dirwatch import DirWatcher
 from devplug._kits.problems import ProblemLog
 from devplug._kits.values import LatestValue, Watchable
 from devplug.kubelet.podresources import (
@@ -43,6 +53,7 @@ from devplug.kubelet.podresources import (
     read_pod_resources,
 )
 from devplug.model import DeviceMap, DeviceTree, Health
+from devplug.scanners.base import ResourceNamer, Scanner
 
 log = structlog.get_logger(__name__)
 
@@ -50,6 +61,8 @@ log = structlog.get_logger(__name__)
 SHOWN_IDS = 10
 AVAILABLE = "available"
 UNKNOWN = "unknown"
+# ProblemLog keys besides the socket's own (None).
+_ALLOCATABLE = "allocatable"
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,7 +89,7 @@ class Drift:
     """How the kubelet's allocatable ids of a resource differ from devplug's healthy ones."""
 
     missing: frozenset[str]  # advertised Healthy, but the kubelet cannot allocate them
-    extra: frozenset[str]  # the kubelet would allocate them, but they are not advertised Healthy
+    extra: frozenset[str]  # the kubelet would allocate them, but devplug does not advertise them
 
 
 _NO_COUNTS: Mapping[str, int] = MappingProxyType({})
@@ -99,6 +112,8 @@ class HoldersReport:
     gone_while_allocated: frozenset[HeldDevice] = frozenset()
     # resource -> its confirmed drift; None: unknown (the kubelet gives no allocatable set)
     drift: Mapping[str, Drift] | None = None
+    # Of ``unhealthy_in_use``, those the operator cordoned: a drain under way, not a fault.
+    cordoned_in_use: frozenset[HeldDevice] = frozenset()
 
 
 class Advertising(Protocol):
@@ -109,7 +124,8 @@ class Advertising(Protocol):
 
 
 class HolderEvents(Protocol):
-    """Where each reading is reported (the metrics)."""
+    """Where each reading is reported (the metrics). ``unhealthy_in_use`` counts the faulty
+    devices held, ``cordoned_in_use`` the cordoned ones (the two never overlap)."""
 
     def pod_resources_read(
         self,
@@ -117,6 +133,7 @@ class HolderEvents(Protocol):
         unhealthy_in_use: Mapping[str, int],
         gone_while_allocated: Mapping[str, int],
         drift: Mapping[str, tuple[int, int]] | None,
+        cordoned_in_use: Mapping[str, int],
     ) -> None: ...
 
     def pod_resources_unavailable(self) -> None: ...
@@ -127,6 +144,8 @@ class HolderWatch:
 
     ``registered()`` names the resources registered with the kubelet now: only those can
     drift (one waiting to register is not allocatable yet, and /readyz says so).
+    ``scanners()`` are the configured scanners now: the resources they declare are devplug's
+    even before one is advertised.
     """
 
     def __init__(
@@ -135,11 +154,14 @@ class HolderWatch:
         events: HolderEvents,
         registered: Callable[[], Collection[str]],
         timing: HolderTiming = DEFAULT_HOLDER_TIMING,
+        *,
+        scanners: Callable[[], Iterable[Scanner]] = tuple,
     ) -> None:
         self.socket = socket
         self.timing = timing
         self._events = events
         self._registered = registered
+        self._scanners = scanners
         self._report = LatestValue(HoldersReport())
         self._tree = DeviceTree()
         # Every resource advertised since the start: a pod may hold devices of one that went.
@@ -149,7 +171,13 @@ class HolderWatch:
         self._problems = ProblemLog()
         self._drift_seen: dict[str, Drift] = {}  # the last reading's, before confirmation
         self._healthy: dict[str, tuple[DeviceMap, frozenset[str]]] = {}
-        self._allocatable_problem: str | None = None
+        # The socket's dir: the kubelet making the socket is the moment to look again.
+        self.socket_watch = DirWatcher(
+            socket.parent,
+            lambda name: name == socket.name,
+            "podresources",
+            missing_level="info",  # a pod without the mount: said once, by the reading too
+        )
 
     @property
     def report(self) -> Watchable[HoldersReport]:
@@ -157,7 +185,7 @@ class HolderWatch:
 
     def follow(self, tree: DeviceTree) -> None:
         """The tree devplug advertises now; a reading follows ``settle_s`` later (while the
-        socket is absent, only the slow re-check does)."""
+        socket is absent, only the socket's appearance or the slow re-check brings one)."""
         if tree is self._tree:
             return
         self._tree = tree
@@ -169,11 +197,20 @@ class HolderWatch:
         """Follow the tree ``state`` advertises and read the API, until cancelled."""
         async with asyncio.TaskGroup() as group:
             group.create_task(self._follow(state), name="pod-resources-follow")
+            group.create_task(self.socket_watch.run(), name="pod-resources-watch")
+            group.create_task(self._follow_socket(), name="pod-resources-socket")
             group.create_task(self._read_on(), name="pod-resources-read")
 
     async def _follow(self, state: Watchable[Advertising]) -> None:
         async for now in state.as_changed():
             self.follow(now.advertised)
+
+    async def _follow_socket(self) -> None:
+        """Read again when the socket's dir changes while the API cannot be read: the
+        kubelet has made its socket. (While it can, the regular readings see to a restart.)"""
+        async for _ in self.socket_watch.changes.as_changed():
+            if self._report.value.state != AVAILABLE:
+                self._changed.set()
 
     async def _read_on(self) -> None:
         while True:
@@ -194,10 +231,26 @@ class HolderWatch:
         async with self._lock:
             tree = self._tree
             try:
-                view = await read_pod_resources(self.socket, resources=frozenset(self._known))
+                view = await read_pod_resources(self.socket, resources=self._ours())
             except PodResourcesUnavailable as exc:
                 return self._unavailable(exc)
             return self._compare(view, tree)
+
+    def _ours(self) -> Callable[[str], bool]:
+        """Whether a resource is devplug's (see the module's docstring): asked in the worker
+        thread that decodes the answer, so of a snapshot taken now, each name once."""
+        known = frozenset(self._known)
+        namers = tuple(s for s in self._scanners() if isinstance(s, ResourceNamer))
+        answers: dict[str, bool] = {}
+
+        def ours(resource: str) -> bool:
+            answer = answers.get(resource)
+            if answer is None:
+                answer = resource in known or any(n.makes_resource(resource) for n in namers)
+                answers[resource] = answer
+            return answer
+
+        return ours
 
     # ------------------------------------------------------------------ a reading that failed
 
@@ -231,6 +284,7 @@ class HolderWatch:
             log.info("podresources.available", socket=str(self.socket), pods=view.pods)
         self._note_allocatable(view)
         unhealthy: set[HeldDevice] = set()
+        cordoned: set[HeldDevice] = set()
         gone: set[HeldDevice] = set()
         in_use: dict[str, int] = {}
         for resource, devices in view.held.items():
@@ -240,8 +294,10 @@ class HolderWatch:
                 info = None if advertised is None else advertised.get(device)
                 if info is not None and info.health == Health.HEALTHY:
                     continue
-                flagged = gone if info is None else unhealthy
-                flagged.update(HeldDevice(resource, device, holder) for holder in holders)
+                held = [HeldDevice(resource, device, holder) for holder in holders]
+                (gone if info is None else unhealthy).update(held)
+                if info is not None and info.cordoned:
+                    cordoned.update(held)
         checked, drift = self._drift(view, tree)
         report = HoldersReport(
             AVAILABLE,
@@ -253,27 +309,34 @@ class HolderWatch:
             frozenset(unhealthy),
             frozenset(gone),
             None if drift is None else MappingProxyType(drift),
+            frozenset(cordoned),
         )
         self._log_changes(previous, report, view, tree)
         self._events.pod_resources_read(
             report.in_use,
-            _per_resource(report.unhealthy_in_use),
+            _per_resource(report.unhealthy_in_use - report.cordoned_in_use),
             _per_resource(report.gone_while_allocated),
             None if drift is None else {r: _sizes(drift.get(r)) for r in checked | drift.keys()},
+            _per_resource(report.cordoned_in_use),
         )
         self._report.set(report)
         return report
 
     def _note_allocatable(self, view: PodResourcesView) -> None:
         problem = view.allocatable_error
-        if problem is not None and problem != self._allocatable_problem:
-            log.info(
-                "podresources.allocatable.unavailable",
-                reason=problem,
-                effect="no drift check (GetAllocatableResources needs Kubernetes 1.23+, or "
-                "1.21+ with the KubeletPodResourcesGetAllocatable feature gate)",
-            )
-        self._allocatable_problem = problem
+        if problem is None:
+            if self._problems.solved(_ALLOCATABLE):
+                log.info("podresources.allocatable.available", socket=str(self.socket))
+            return
+        self._problems.report(
+            log,
+            "podresources.allocatable.unavailable",
+            problem,
+            key=_ALLOCATABLE,
+            level="info",
+            effect="no drift check (GetAllocatableResources needs Kubernetes 1.23+, or "
+            "1.21+ with the KubeletPodResourcesGetAllocatable feature gate)",
+        )
 
     def _healthy_ids(self, resource: str, devices: DeviceMap) -> frozenset[str]:
         """Cached per device map: a tree shares the maps of the resources that did not change."""
@@ -297,11 +360,14 @@ class HolderWatch:
         resources = (registered & tree.keys()) | (view.allocatable.keys() - tree.keys())
         seen: dict[str, Drift] = {}
         for resource in resources:
-            devices = tree.get(resource)
-            healthy = frozenset() if devices is None else self._healthy_ids(resource, devices)
+            devices = tree.get(resource, {})
+            healthy = self._healthy_ids(resource, devices) if devices else frozenset()
             allocatable = view.allocatable.get(resource, frozenset())
-            if healthy != allocatable:
-                seen[resource] = Drift(healthy - allocatable, allocatable - healthy)
+            # An id advertised Unhealthy is allocatable to kubelets before 1.23, which list
+            # unhealthy devices too (kubernetes#104122): not extra.
+            drift = Drift(healthy - allocatable, allocatable.difference(devices))
+            if drift.missing or drift.extra:
+                seen[resource] = drift
         for resource in self._healthy.keys() - tree.keys():
             del self._healthy[resource]
         confirmed = {r: d for r, d in seen.items() if r in self._drift_seen}
@@ -320,7 +386,15 @@ class HolderWatch:
         unhealthy_before, unhealthy = previous.unhealthy_in_use, report.unhealthy_in_use
         gone_before, gone = previous.gone_while_allocated, report.gone_while_allocated
         for held in sorted(unhealthy - unhealthy_before):
-            log.warning("podresources.device.unhealthy_in_use", **_fields(held))
+            cordoned = held in report.cordoned_in_use
+            # A cordon under a running pod is a drain the operator started: news, not trouble.
+            say = log.info if cordoned else log.warning
+            say(
+                "podresources.device.unhealthy_in_use",
+                reason=tree[held.resource][held.device].health_reason,
+                cordoned=cordoned,
+                **_fields(held),
+            )
         for held in sorted(gone - gone_before):
             log.warning("podresources.device.gone_while_allocated", **_fields(held))
         for was, cleared in (

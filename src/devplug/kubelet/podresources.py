@@ -24,7 +24,7 @@ from __future__ import annotations
 import asyncio
 import os
 import stat
-from collections.abc import Collection, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
@@ -44,6 +44,11 @@ MAX_MESSAGE_BYTES = 16 * 1024 * 1024
 
 ABSENT = "absent"
 NOT_ANSWERING = "not answering"
+# The reason of a path that is there but no socket (a file, a dir): not the kubelet's doing.
+NOT_A_SOCKET = "not a socket"
+
+# Which resources a reading keeps: names, or a test of a name (asked in a worker thread).
+Wanted = Collection[str] | Callable[[str], bool]
 
 
 def default_socket(kubelet_dir: Path) -> Path:
@@ -105,18 +110,18 @@ def check_socket(socket: Path) -> PodResourcesUnavailable | None:
     except OSError as exc:
         return PodResourcesUnavailable(socket, NOT_ANSWERING, exc.strerror or str(exc))
     if not stat.S_ISSOCK(mode):
-        return PodResourcesUnavailable(socket, NOT_ANSWERING, "not a socket")
+        return PodResourcesUnavailable(socket, NOT_ANSWERING, NOT_A_SOCKET)
     return None
 
 
 async def read_pod_resources(
     socket: Path,
     *,
-    resources: Collection[str] | None = None,
+    resources: Wanted | None = None,
     timeout: float = READ_TIMEOUT_S,
 ) -> PodResourcesView:
-    """List the pods' devices and the allocatable ones, of ``resources`` (None: every
-    resource). Raises :class:`PodResourcesUnavailable`.
+    """List the pods' devices and the allocatable ones, of ``resources`` (names, or a test of
+    a name; None: every resource). Raises :class:`PodResourcesUnavailable`.
 
     The answers are taken as bytes and decoded in a worker thread: at 10,000 devices that is
     tens of milliseconds of Python, which on the event loop would hold up every RPC.
@@ -143,8 +148,9 @@ async def read_pod_resources(
         raise PodResourcesUnavailable(socket, NOT_ANSWERING, reason) from None
     finally:
         await channel.close(None)
-    wanted = None if resources is None else frozenset(resources)
-    return await asyncio.to_thread(_decode, listed, allocatable, wanted)
+    if resources is None or callable(resources):
+        return await asyncio.to_thread(_decode, listed, allocatable, resources)
+    return await asyncio.to_thread(_decode, listed, allocatable, frozenset(resources).__contains__)
 
 
 def _raw(channel: grpc.aio.Channel, name: str) -> grpc.aio.UnaryUnaryMultiCallable[bytes, bytes]:
@@ -172,7 +178,7 @@ async def _allocatable(channel: grpc.aio.Channel, timeout: float) -> bytes | str
 
 
 def _decode(
-    listed: bytes, allocatable: bytes | str, wanted: frozenset[str] | None
+    listed: bytes, allocatable: bytes | str, wanted: Callable[[str], bool] | None
 ) -> PodResourcesView:
     """The two answers as plain values (in a worker thread)."""
     from devplug._proto import podresources_v1_pb2 as pr
@@ -185,7 +191,7 @@ def _decode(
 
 
 def _holdings(
-    listed: pr.ListPodResourcesResponse, wanted: frozenset[str] | None
+    listed: pr.ListPodResourcesResponse, wanted: Callable[[str], bool] | None
 ) -> tuple[Holdings, int, int]:
     found: dict[str, dict[str, set[Holder]]] = {}
     containers = 0
@@ -194,7 +200,7 @@ def _holdings(
             containers += 1
             holder: Holder | None = None
             for entry in container.devices:
-                if wanted is not None and entry.resource_name not in wanted:
+                if wanted is not None and not wanted(entry.resource_name):
                     continue
                 if holder is None:
                     holder = Holder(pod.namespace, pod.name, container.name)
@@ -211,10 +217,10 @@ def _holdings(
 
 
 def _allocatable_ids(
-    answer: pr.AllocatableResourcesResponse, wanted: frozenset[str] | None
+    answer: pr.AllocatableResourcesResponse, wanted: Callable[[str], bool] | None
 ) -> Mapping[str, frozenset[str]]:
     found: dict[str, set[str]] = {}
     for entry in answer.devices:
-        if wanted is None or entry.resource_name in wanted:
+        if wanted is None or wanted(entry.resource_name):
             found.setdefault(entry.resource_name, set()).update(entry.device_ids)
     return MappingProxyType({resource: frozenset(ids) for resource, ids in found.items()})

@@ -234,7 +234,13 @@ class Metrics:
         )
         self.unhealthy_in_use = _Gauge(
             "devplug_devices_unhealthy_in_use",
-            "Devices a container holds that devplug advertises Unhealthy.",
+            "Devices a container holds that devplug advertises Unhealthy for a fault (cordoned "
+            "ones are devplug_devices_cordoned_in_use).",
+            ["resource"],
+        )
+        self.cordoned_in_use = _Gauge(
+            "devplug_devices_cordoned_in_use",
+            "Cordoned devices a container still holds: a drain under way (devplug cordon).",
             ["resource"],
         )
         self.gone_while_allocated = _Gauge(
@@ -282,6 +288,12 @@ class Metrics:
             "devplug_devices_cordoned",
             "Devices the operator has cordoned (devplug cordon), by resource, whether or not "
             "the device is present now.",
+            ["resource"],
+        )
+        self.cordoned_advertised = _Gauge(
+            "devplug_devices_cordoned_advertised",
+            'Of devplug_devices{health="Unhealthy"}, the cordoned devices: present, and '
+            "advertised Unhealthy for their cordon rather than a fault.",
             ["resource"],
         )
         self.oldest_cordon = _Gauge(
@@ -372,12 +384,14 @@ class Metrics:
         unhealthy_in_use: Mapping[str, int],
         gone_while_allocated: Mapping[str, int],
         drift: Mapping[str, tuple[int, int]] | None,
+        cordoned_in_use: Mapping[str, int],
     ) -> None:
         """A reading: every per-resource gauge follows it; resources no longer named read 0."""
         self.pod_resources_up.labels().set(1)
         for gauge, counts in (
             (self.devices_in_use, in_use),
             (self.unhealthy_in_use, unhealthy_in_use),
+            (self.cordoned_in_use, cordoned_in_use),
             (self.gone_while_allocated, gone_while_allocated),
         ):
             for (resource,), series in gauge.series.items():
@@ -400,14 +414,23 @@ class Metrics:
     # The cordons'.
 
     def cordons_counted(
-        self, by_resource: Mapping[str, tuple[int, float]], unreadable: bool
+        self,
+        by_resource: Mapping[str, tuple[int, float]],
+        unreadable: bool,
+        *,
+        advertised: Mapping[str, int],
     ) -> None:
-        """The cordons now: per resource, (how many, when the oldest was put in Unix time).
-        A resource whose cordons were all lifted reads 0 and loses its oldest time (a 0 there
-        would read as a cordon put in 1970)."""
+        """The cordons now: per resource, (how many, when the oldest was put in Unix time),
+        and (``advertised``) how many of them are advertised now. A resource whose cordons
+        were all lifted reads 0 and loses its oldest time (a 0 there would read as a cordon
+        put in 1970)."""
         self.cordons_unreadable.labels().set(1 if unreadable else 0)
         for (resource,), series in self.cordoned.series.items():
             series.set(by_resource.get(resource, (0, 0.0))[0])
+        for (resource,), series in self.cordoned_advertised.series.items():
+            series.set(advertised.get(resource, 0))
+        for resource in by_resource:
+            self.cordoned_advertised.labels(resource).set(advertised.get(resource, 0))
         self.oldest_cordon.series.clear()
         for resource, (count, oldest) in by_resource.items():
             self.cordoned.labels(resource).set(count)
@@ -473,9 +496,11 @@ class Metrics:
                 self.pod_resources_up,
                 self.devices_in_use,
                 self.unhealthy_in_use,
+                self.cordoned_in_use,
                 self.gone_while_allocated,
                 self.allocatable_drift,
                 self.cordoned,
+                self.cordoned_advertised,
                 self.oldest_cordon,
                 self.cordons_unreadable,
                 self.dra_registration,
