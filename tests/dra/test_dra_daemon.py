@@ -438,3 +438,35 @@ def lines(path: Path) -> Iterator[str]:
     for line in path.read_text().splitlines():
         if line.startswith("{"):
             yield line
+
+
+@pytest.mark.parametrize(
+    ("content", "field"),
+    [
+        ("{garbage", "not a JSON object"),
+        ('{"version": 99, "driver": "gpu.intel.com", "claims": {}}', "version: 99"),
+        ('{"version": 1, "driver": "gpu.intel.com", "claims": {"u": {}}}', "claims.u."),
+    ],
+)
+async def test_an_unreadable_checkpoint_stops_devplug_run_before_anything_is_served(
+    node: Node, content: str, field: str
+) -> None:
+    checkpoint = node.root / "plugins" / DRIVER / "checkpoint.json"
+    checkpoint.parent.mkdir(parents=True)
+    checkpoint.write_text(content)
+    env = {**node.host.env(), **node.env}
+    log = node.root / "daemon.log"
+    async with daemon_process(write_config(node), node.kubelet_dir, env=env, output=log) as proc:
+        async with asyncio.timeout(30):  # a bound: it stops at start
+            returncode = await proc.wait()
+    output = log.read_text()
+    assert returncode == 2, output[-4000:]
+    # One line naming the file, the field and the fix; no traceback, no crash report.
+    (line,) = output.splitlines()
+    assert line.startswith(f"devplug: configuration error: {checkpoint}: {field}"), line
+    assert "move the file aside" in line
+    # Nothing was served: no device-plugin registration, no DRA socket, the file as it was.
+    assert node.kubelet.registrations == []
+    assert not (node.root / "plugins_registry" / f"{DRIVER}-reg.sock").exists()
+    assert not (checkpoint.parent / "dra.sock").exists()
+    assert checkpoint.read_text() == content

@@ -8,8 +8,10 @@ same dir, written, fsynced, renamed over the old one, and the dir fsynced, so a 
 the old file or the new one, never a mix. Mode 0600: it names the node's claims and devices.
 
 The file says its format ``version`` and its ``driver``; a file of another version or driver,
-or one that does not parse, is a :class:`CheckpointError` naming the field and the fix rather
-than a silent fresh start (that would forget which devices are in use).
+or one that does not parse, is a :class:`CheckpointError` naming the file, the field and the
+fix rather than a silent fresh start (that would forget which devices are in use). The daemon
+reads it at start, before it serves anything, and stops there with that one line (exit status
+2, as for a wrong setting): it cannot tell which devices running pods hold.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from pathlib import Path
 import pydantic
 
 from devplug._kits.atomic import replace_file
-from devplug.errors import DevplugError
+from devplug.errors import ConfigError
 
 CHECKPOINT_FILE = "checkpoint.json"
 CHECKPOINT_VERSION = 1
@@ -81,9 +83,12 @@ _VERSION_ONLY = pydantic.TypeAdapter(dict[str, object], config=pydantic.ConfigDi
 _FILE = pydantic.TypeAdapter(_File)
 
 
-class CheckpointError(DevplugError):
-    """The checkpoint cannot be read as this driver's; the message names the file, the field
-    and the fix."""
+class CheckpointError(ConfigError):
+    """The checkpoint cannot be read as this driver's: ``field`` is the file, the message
+    names the field in it and the fix."""
+
+    def __init__(self, path: Path, message: str) -> None:
+        super().__init__(str(path), message)
 
 
 def load_checkpoint(path: Path, driver: str) -> dict[str, PreparedClaim]:
@@ -93,9 +98,7 @@ def load_checkpoint(path: Path, driver: str) -> dict[str, PreparedClaim]:
     except FileNotFoundError:
         return {}
     except OSError as exc:
-        raise CheckpointError(
-            f"{path}: cannot read the prepared-claims checkpoint: {exc}"
-        ) from None
+        raise CheckpointError(path, f"cannot read the prepared-claims checkpoint: {exc}") from None
     fix = (
         "move the file aside to start with no prepared claims (devplug then no longer knows "
         "which devices running pods hold)"
@@ -103,23 +106,25 @@ def load_checkpoint(path: Path, driver: str) -> dict[str, PreparedClaim]:
     try:
         head = _VERSION_ONLY.validate_json(data)
     except pydantic.ValidationError:
-        raise CheckpointError(f"{path}: not a JSON object; {fix}") from None
+        raise CheckpointError(path, f"not a JSON object; {fix}") from None
     version = head.get("version")
     if version != CHECKPOINT_VERSION:
         raise CheckpointError(
-            f"{path}: version: {version!r} is not a checkpoint version this devplug reads "
-            f"({CHECKPOINT_VERSION}); was it written by another devplug release? {fix}"
+            path,
+            f"version: {version!r} is not a checkpoint version this devplug reads "
+            f"({CHECKPOINT_VERSION}); was it written by another devplug release? {fix}",
         )
     try:
         parsed = _FILE.validate_json(data)
     except pydantic.ValidationError as exc:
         first = exc.errors()[0]
         where = ".".join(str(part) for part in first["loc"])
-        raise CheckpointError(f"{path}: {where}: {first['msg']}; {fix}") from None
+        raise CheckpointError(path, f"{where}: {first['msg']}; {fix}") from None
     if parsed.driver != driver:
         raise CheckpointError(
-            f"{path}: driver: {parsed.driver!r}, not this daemon's {driver!r}: the file belongs "
-            f"to another driver's plugin dir; {fix}"
+            path,
+            f"driver: {parsed.driver!r}, not this daemon's {driver!r}: the file belongs to "
+            f"another driver's plugin dir; {fix}",
         )
     return {
         uid: PreparedClaim(record.namespace, record.name, uid, record.devices)

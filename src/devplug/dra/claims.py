@@ -126,7 +126,11 @@ class ClaimPreparer:
         cdi: CdiIds,
         checkpoint: Checkpoint,
         observe: CallObserver | None = None,
+        prepared: Mapping[str, PreparedClaim] | None = None,
     ) -> None:
+        """``prepared``: the checkpoint's claims, when the caller read them already (the
+        daemon does, at start: a checkpoint it cannot read stops it before anything serves);
+        otherwise :meth:`load` reads them."""
         self.driver = driver
         self.pool_name = pool_name
         self.read_claim = read_claim
@@ -135,6 +139,8 @@ class ClaimPreparer:
         self.checkpoint = checkpoint
         self.observe = observe
         self._claims: dict[str, PreparedClaim] | None = None  # None until loaded
+        if prepared is not None:
+            self._claims = dict(prepared)
         self._lock = asyncio.Lock()
 
     async def load(self) -> None:

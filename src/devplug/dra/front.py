@@ -9,8 +9,9 @@ preparer over one API client, following the advertised tree.
   the ids the device-plugin front's Allocate names.
 - :meth:`DraFront.from_environment` takes what the ``dra`` section cannot give from where a
   DaemonSet gives it: the node's name from ``NODE_NAME`` (the downward API), the API server
-  from ``KUBECONFIG`` or the in-cluster config; anything missing or wrong is a ConfigError
-  naming the variable, before anything is served.
+  from ``KUBECONFIG`` or the in-cluster config; and it reads the prepared-claims checkpoint.
+  Anything missing or wrong is a ConfigError naming the variable, or the checkpoint file and
+  its field (:class:`~devplug.dra.checkpoint.CheckpointError`), before anything is served.
 - :func:`check_resources`: each ``dra.resources`` entry must be one that a configured scanner
   makes. A scan cannot tell (a GPU plugged in an hour from now is a resource of this node
   too), the scanners' config can: a scanner that implements ``ResourceNamer`` says which
@@ -33,7 +34,7 @@ import structlog
 from devplug._kits.values import Watchable
 from devplug.config import DraSettings
 from devplug.dra.apiclient import KubeApi, load_api_client
-from devplug.dra.checkpoint import CHECKPOINT_FILE, Checkpoint, PreparedClaim
+from devplug.dra.checkpoint import CHECKPOINT_FILE, Checkpoint, PreparedClaim, load_checkpoint
 from devplug.dra.claims import CallObserver, CdiIds, ClaimPreparer
 from devplug.dra.naming import pool_name, pool_name_problem
 from devplug.dra.publisher import PublishStats, PublishTiming, SlicePublisher
@@ -116,7 +117,10 @@ class DraFront:
         cdi: CdiIds,
         timing: DraTiming | None = None,
         observe_calls: CallObserver | None = None,
+        prepared: Mapping[str, PreparedClaim] | None = None,
     ) -> None:
+        """``prepared``: the checkpoint's claims, read by the caller (else the plugin reads
+        them when it starts)."""
         timing = timing or DraTiming()
         self.settings = settings
         self.api = api
@@ -137,6 +141,7 @@ class DraFront:
             cdi=cdi,
             checkpoint=Checkpoint(self.paths.plugin_dir / CHECKPOINT_FILE, settings.driver),
             observe=observe_calls,
+            prepared=prepared,
         )
         self.plugin = KubeletPlugin(self.paths, self.preparer, timing=timing.plugin)
 
@@ -152,12 +157,19 @@ class DraFront:
         timing: DraTiming | None = None,
         observe_calls: CallObserver | None = None,
     ) -> DraFront:
-        """The front for ``settings``, its node and API server from ``environ``; ConfigError
-        naming the setting or variable when something is missing or wrong."""
+        """The front for ``settings``, its node and API server from ``environ``, its prepared
+        claims from the checkpoint; ConfigError naming the setting or variable when something
+        is missing or wrong, CheckpointError (one) naming the file and the field when the
+        checkpoint cannot be read. Reads files: call it at start-up."""
         check_resources(settings.resources, scanners)
         node = node_name(environ)
-        # The paths are checked before the API client is made: nothing to close on an error.
-        PluginPaths.under(settings.kubelet_root, settings.driver)
+        # The paths and the checkpoint before the API client is made: nothing to close on an
+        # error. A checkpoint that cannot be read stops the daemon before anything serves: it
+        # cannot tell which devices running pods hold.
+        paths = PluginPaths.under(settings.kubelet_root, settings.driver)
+        prepared = load_checkpoint(paths.plugin_dir / CHECKPOINT_FILE, settings.driver)
+        if prepared:
+            log.info("dra.checkpoint.loaded", claims=len(prepared))
         api = load_api_client(environ)
         return cls(
             settings,
@@ -167,6 +179,7 @@ class DraFront:
             cdi=cdi,
             timing=timing,
             observe_calls=observe_calls,
+            prepared=prepared,
         )
 
     @property
@@ -208,7 +221,7 @@ class DraFront:
 
     async def run(self) -> None:
         """Publish, register and serve until cancelled; then remove both sockets and close the
-        API client. A checkpoint that cannot be read stops it (CheckpointError)."""
+        API client."""
         log.info(
             "dra.front.started",
             driver=self.driver,
