@@ -20,7 +20,12 @@ from devplug.dra.registration import KubeletPlugin, PluginPaths
 from devplug.dra.sockets import SocketServer
 from devplug.errors import ConfigError, InvalidNameError
 from devplug.testing import eventually
-from devplug.testing.kubelet_dra import GET_INFO, NOTIFY_REGISTRATION_STATUS, V1
+from devplug.testing.kubelet_dra import (
+    GET_INFO,
+    NOTIFY_REGISTRATION_STATUS,
+    V1,
+    DraPluginSession,
+)
 
 
 async def raw_get_info(path: Path) -> reg.PluginInfo:
@@ -136,6 +141,39 @@ async def test_stopping_removes_both_sockets_and_the_kubelet_deregisters(short_d
         assert not env.paths.dra_socket.exists()
         gone = await env.kubelet.wait_for_deregistration(DRIVER)
         assert gone.reason == "socket removed"
+
+
+async def test_stopping_removes_the_registration_socket_while_the_dra_service_still_answers(
+    short_dir: Path,
+) -> None:
+    # The kubelet deregisters the driver when its registration socket goes; until then it may
+    # call the DRA socket, which must still be there and answer.
+    async with plugin_env(short_dir) as env:
+        session = await env.kubelet.wait_for_plugin(DRIVER)
+        # A channel of its own: the stand-in closes the session's when it deregisters.
+        caller = DraPluginSession(
+            session.registration, session.registration_socket, session.identity, 10
+        )
+        assert env.plugin is not None
+        registrar = env.plugin.registrar
+        close_registrar = registrar.close
+        seen: list[tuple[bool, bool, object]] = []
+
+        async def close_and_look() -> None:
+            await close_registrar()
+            answer = await caller.prepare([])  # the DRA service, over its socket
+            seen.append(
+                (env.paths.registration_socket.exists(), env.paths.dra_socket.exists(), answer)
+            )
+
+        registrar.close = close_and_look  # type: ignore[method-assign]
+        try:
+            await env.stop_plugin()
+        finally:
+            await caller.channel.close(None)
+            await caller.registration_channel.close(None)
+        assert seen == [(False, True, {})]
+        assert not env.paths.dra_socket.exists()
 
 
 async def test_stopping_leaves_a_socket_someone_else_put_at_the_path(short_dir: Path) -> None:
