@@ -496,3 +496,30 @@ async def test_ctrl_c_during_status_exits_130_without_a_traceback(short_dir: Pat
                 await process.wait()
     assert process.returncode == 130, stderr.decode()
     assert stdout == b"" and b"Traceback" not in stderr, stderr.decode()
+
+
+@pytest.mark.parametrize("buffered", [False, True], ids=["unbuffered", "buffered"])
+@pytest.mark.parametrize("args", [["version"], ["status"], ["status", "--pods"]], ids=" ".join)
+def test_a_reader_that_goes_away_ends_a_command_quietly(
+    tmp_path: Path, args: list[str], buffered: bool
+) -> None:
+    """``devplug status --pods | head -1``: the command ends as one that SIGPIPE ends (status
+    141), without a traceback, whether its write fails at once or at the last flush."""
+    if args[0] == "status":
+        args = [*args, "--kubelet-dir", str(tmp_path)]  # no sockets: a line or two to print
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED" or not buffered}
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # the reader is gone before the first write
+    try:
+        result = subprocess.run(
+            [sys.executable, "-m", "devplug", *args],
+            stdout=write_end,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+            timeout=60,
+            check=False,
+        )
+    finally:
+        os.close(write_end)
+    assert (result.returncode, result.stderr) == (141, "")

@@ -10,7 +10,9 @@ which ``capture`` writes records for and ``scan --replay`` builds. grpc and prot
 the status client (:mod:`.status`), which asks the kubelet-facing sockets what is registered.
 
 Exit status: 0 success, 2 bad usage or configuration (nothing was served), 130 interrupted
-(Ctrl-C), 1 anything else. Flags may come before the command (:mod:`devplug.cli.early`).
+(Ctrl-C), 141 stdout's reader went away (``devplug status | head -1``: quietly, as a command
+that SIGPIPE ends), 1 anything else. Flags may come before the command
+(:mod:`devplug.cli.early`).
 
 Start-up is kept short: ``version`` and ``--version`` are answered before anything else loads,
 ``--help`` needs only the parser (the scanners' names, not their modules), and the commands
@@ -21,6 +23,8 @@ SIGHUP while the rest loads is a reload request, not the end of the process.
 
 from __future__ import annotations
 
+import contextlib
+import os
 import sys
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
@@ -34,6 +38,9 @@ if TYPE_CHECKING:
     from devplug.cli.parser import build_parser
 
 __all__ = ["ScannerFactory", "build_parser", "main", "serve"]
+
+# 128 + SIGPIPE: what a shell reports for a command that SIGPIPE ended.
+EXIT_BROKEN_PIPE = 141
 
 __getattr__, __dir__ = lazy_names(
     __name__, {"ScannerFactory": "devplug.cli.commands", "build_parser": "devplug.cli.parser"}
@@ -66,21 +73,41 @@ def main(
     own = argv is None
     argv = early.hoist(sys.argv[1:] if argv is None else argv)
     try:
-        if own and early.command(argv) == "run":
-            from devplug.plugin import guard_signals, pause_gc, resume_gc
+        try:
+            if own and early.command(argv) == "run":
+                from devplug.plugin import guard_signals, pause_gc, resume_gc
 
-            guard_signals()  # first: until now a SIGHUP's default action kills the process
-            pause_gc()  # while the daemon's modules import (resumed before it scans)
-            try:
-                return _main(argv, scanners, program, version, description)
-            finally:
-                resume_gc()  # if the daemon never ran (a refused config, say)
-        return _main(argv, scanners, program, version, description, own=own)
+                guard_signals()  # first: until now a SIGHUP's default action kills the process
+                pause_gc()  # while the daemon's modules import (resumed before it scans)
+                try:
+                    return _main(argv, scanners, program, version, description)
+                finally:
+                    resume_gc()  # if the daemon never ran (a refused config, say)
+            return _main(argv, scanners, program, version, description, own=own)
+        finally:
+            # Written out here rather than at the interpreter's exit (--help's text too), so
+            # that a reader that went away is met below.
+            if sys.stdout is not None:
+                sys.stdout.flush()
+    except BrokenPipeError:
+        return _reader_gone()
     except KeyboardInterrupt as interrupted:
         # The shell shows the ^C; a traceback of where the command happened to be is noise.
         # A stop signal before ``run`` served comes the same way (devplug.plugin.StopSignalled),
         # with its own status: 0 for SIGTERM.
         return getattr(interrupted, "exit_status", EXIT_INTERRUPTED)
+
+
+def _reader_gone() -> int:
+    """stdout's reader went away: end quietly. Python ignores SIGPIPE, so a write failed
+    instead of the process ending; stdout now leads to /dev/null, so that the interpreter's
+    own flush at exit has nothing to fail on (the recipe of Python's signal module docs,
+    "Note on SIGPIPE")."""
+    with contextlib.suppress(OSError, ValueError):  # a stdout without a file descriptor
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    return EXIT_BROKEN_PIPE
 
 
 def _main(

@@ -136,7 +136,8 @@ def build_parser(
         prog=program,
         description=description or DESCRIPTION,
         epilog=textwrap.fill(
-            "exit status: 0 success; 1 failure; 2 bad usage or configuration; 130 interrupted. "
+            "exit status: 0 success; 1 failure; 2 bad usage or configuration; 130 interrupted; "
+            "141 the output's reader went away ('| head'), as after SIGPIPE. "
             f"'{program} COMMAND --help' describes each command; its flags may also come "
             f"before it ('{program} --config FILE scan'). NO_COLOR turns colours off.",
             width=79,
