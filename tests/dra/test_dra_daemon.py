@@ -23,8 +23,10 @@ import pytest
 import structlog
 from cdi_library import check_spec_dir
 
+from devplug._kits.values import LatestValue
 from devplug.config import DraSettings, HotplugSettings, Settings
 from devplug.daemon import Daemon
+from devplug.dra.front import DraFront
 from devplug.naming import socket_file_name
 from devplug.scanners.base import Scanner
 from devplug.scanners.generic import GenericScanner
@@ -470,3 +472,35 @@ async def test_an_unreadable_checkpoint_stops_devplug_run_before_anything_is_ser
     assert not (node.root / "plugins_registry" / f"{DRIVER}-reg.sock").exists()
     assert not (checkpoint.parent / "dra.sock").exists()
     assert checkpoint.read_text() == content
+
+
+class NoCdiIds:
+    def cdi_device_ids(self, resource: str, device_id: str) -> tuple[str, ...]:
+        return ()
+
+
+@pytest.mark.parametrize("id_property", [None, "ID_PATH"])
+async def test_a_generic_resource_named_by_dev_names_is_warned_about_at_start(
+    node: Node, id_property: str | None
+) -> None:
+    entry: dict[str, Any] = {"resource": "example.com/tty", "match": {"subsystem": "tty"}}
+    if id_property is not None:
+        entry["id_property"] = id_property
+    scanners: list[Scanner] = [
+        GenericScanner.from_config(
+            [entry, {"resource": "example.com/other", "match": entry["match"]}]
+        )
+    ]
+    section = DraSettings(driver=DRIVER, resources=("example.com/tty",), kubelet_root=node.root)
+    with structlog.testing.capture_logs() as logs:
+        front = DraFront.from_environment(
+            section, scanners, node.env, advertised=LatestValue(None), cdi=NoCdiIds()
+        )
+    await front.api.aclose()
+    warned = [e for e in logs if e["event"] == "dra.names.unstable"]
+    if id_property is not None:
+        assert warned == []
+        return
+    (warning,) = warned  # once, and only for the DRA resource
+    assert warning["resource"] == "example.com/tty" and warning["log_level"] == "warning"
+    assert "id_property" in warning["fix"]

@@ -16,6 +16,10 @@ preparer over one API client, following the advertised tree.
   makes. A scan cannot tell (a GPU plugged in an hour from now is a resource of this node
   too), the scanners' config can: a scanner that implements ``ResourceNamer`` says which
   names it may advertise, whatever the host has; one that does not may advertise any.
+- :func:`unstable_ids`: DRA device names are made from devplug's ids, and a claim allocated
+  a name keeps it; the generic scanner's ids are the kernel's /dev names (``ttyUSB0``) unless
+  its entry sets ``id_property``, and those can change at a reboot or a replug. Such a
+  resource under ``dra.resources`` is warned about once, at start.
 
 Stopping (cancelling :meth:`DraFront.run`) removes both sockets (the registration socket
 first) and leaves the slices, which the kubelet deletes itself once the plugin is gone
@@ -42,6 +46,7 @@ from devplug.dra.registration import KubeletPlugin, PluginPaths, PluginTiming
 from devplug.errors import ConfigError
 from devplug.model import DeviceTree
 from devplug.scanners.base import ResourceNamer, Scanner
+from devplug.scanners.generic import GenericScanner
 
 log = structlog.get_logger(__name__)
 
@@ -81,6 +86,18 @@ def check_resources(resources: Collection[str], scanners: Sequence[Scanner]) -> 
                 "resource they advertise (devplug scan lists them), or configure the scanner "
                 "that makes it",
             )
+
+
+def unstable_ids(resources: Collection[str], scanners: Sequence[Scanner]) -> list[str]:
+    """The ``resources`` a generic scanner entry makes with ids from /dev names (no
+    ``id_property``): their DRA device names may move from device to device at a reboot."""
+    return sorted(
+        entry.resource
+        for scanner in scanners
+        if isinstance(scanner, GenericScanner)
+        for entry in scanner.entries
+        if entry.resource in resources and entry.id_property is None
+    )
 
 
 def node_name(environ: Mapping[str, str]) -> str:
@@ -163,6 +180,16 @@ class DraFront:
         checkpoint cannot be read. Reads files: call it at start-up."""
         check_resources(settings.resources, scanners)
         node = node_name(environ)
+        for resource in unstable_ids(settings.resources, scanners):
+            log.warning(
+                "dra.names.unstable",
+                resource=resource,
+                reason="its device ids (and so its DRA device names) are the kernel's /dev "
+                "names, which can change at a reboot or a replug: a claim allocated a device "
+                "by name may then be given another one",
+                fix="set id_property on its scanners.generic entry to a udev property that "
+                "stays with the device (ID_PATH, ID_SERIAL)",
+            )
         # The paths and the checkpoint before the API client is made: nothing to close on an
         # error. A checkpoint that cannot be read stops the daemon before anything serves: it
         # cannot tell which devices running pods hold.
