@@ -139,10 +139,66 @@ async def test_slow_senders_are_evicted_so_a_command_gets_through(kubelet_dir: P
         try:
             answer = await ask(path, {"op": "list"}, 10)
             assert answer["ok"] is True
-            assert made.evicted == 2 * MAX_CONNECTIONS + 1
+            assert made.connections.evicted == 2 * MAX_CONNECTIONS + 1
         finally:
             for writer in slow:
                 writer.close()
+
+
+async def test_at_the_cap_a_begun_request_gives_way_before_a_silent_connection(
+    kubelet_dir: Path,
+) -> None:
+    """A connection that has sent nothing yet may be a command whose request is on its way; one
+    that has sent part of a request and stopped is the slow one, even if it is younger."""
+    path = socket_path(kubelet_dir, "devplug")
+    async with channel(path, Recorder(), request_timeout_s=3600, max_connections=2) as made:
+        silent_reader, silent = await asyncio.open_unix_connection(path)
+        await eventually(lambda: made.connections.active == 1, 10, what="the silent one served")
+        begun_reader, begun = await asyncio.open_unix_connection(path)
+        begun.write(b'{"op": ')
+        await eventually(lambda: made.connections.begun == 1, 10, what="the partial request")
+        try:
+            assert (await ask(path, {"op": "list"}, 10))["ok"] is True
+            assert made.connections.evicted == 1
+            async with asyncio.timeout(10):
+                assert await begun_reader.read() == b""  # the begun one was closed
+                silent.write(b'{"op": "late"}\n')  # the silent one is still served
+                assert b'"echo":{"op":"late"}' in await silent_reader.read()
+        finally:
+            silent.close()
+            begun.close()
+
+
+async def test_the_cap_is_logged_once_per_episode(kubelet_dir: Path) -> None:
+    """A client keeping the channel at its cap must not write a line per connection: one
+    warning while the cap holds, ``below_cap`` when every connection has ended, and a warning
+    again at the next episode."""
+    path = socket_path(kubelet_dir, "devplug")
+    async with channel(path, Recorder(), request_timeout_s=3600, max_connections=1) as made:
+        for episode in range(2):
+            with capture_logs() as logs:
+                held = []
+                for count in range(4):  # each one after the first takes the slot of the last
+                    _, writer = await asyncio.open_unix_connection(path)
+                    writer.write(b"{")
+                    held.append(writer)
+                    evicted = 3 * episode + count
+                    await eventually(
+                        lambda evicted=evicted: (  # type: ignore[misc]
+                            made.connections.active == 1 and made.connections.evicted == evicted
+                        ),
+                        10,
+                        what=f"{count} evicted",
+                    )
+                for writer in held:
+                    writer.close()
+                await eventually(lambda: made.connections.active == 0, 10, what="all ended")
+            assert made.connections.evicted == 3 * (episode + 1)
+            said = [(e["event"], e["log_level"]) for e in logs if e["log_level"] != "debug"]
+            assert said == [
+                ("control.connections.capped", "warning"),
+                ("control.connections.below_cap", "info"),
+            ], f"episode {episode}"
 
 
 async def test_a_request_is_carried_out_even_if_its_client_goes(kubelet_dir: Path) -> None:

@@ -176,7 +176,7 @@ async def opened_in_order(
         connections.append(await partial(port, source))
         count = len(connections)
         await eventually(
-            lambda count=count: served.active == count,  # type: ignore[misc]
+            lambda count=count: served.connections.active == count,  # type: ignore[misc]
             what=f"{count} connections served",
         )
     return connections
@@ -196,7 +196,7 @@ async def test_at_the_cap_one_address_gives_way_to_its_own_probe() -> None:
         try:
             assert await probe(port) == 200
             assert [await closed_by_server(reader) for reader, _ in held] == [True, False, False]
-            assert served.evicted == 1 and served.refused == 0
+            assert served.connections.evicted == 1 and served.connections.refused == 0
         finally:
             close_all(held)
 
@@ -218,11 +218,15 @@ async def test_the_cap_is_logged_once_per_episode() -> None:
                     for _ in range(3):  # each probe takes the slot of a held connection
                         assert await probe(port, "127.0.0.3") == 200
                         held.append(await partial(port, "127.0.0.2"))
-                        await eventually(lambda: served.active == 2, what="at the cap again")
+                        await eventually(
+                            lambda: served.connections.active == 2, what="at the cap again"
+                        )
                 finally:
                     close_all(held)
-                await eventually(lambda: served.active == 0, what="every connection ended")
-            assert served.evicted == 3 * (episode + 1)
+                await eventually(
+                    lambda: served.connections.active == 0, what="every connection ended"
+                )
+            assert served.connections.evicted == 3 * (episode + 1)
             assert said(logs) == [
                 ("http.connections.capped", "warning"),
                 ("http.connections.below_cap", "info"),
@@ -251,9 +255,11 @@ async def test_one_that_has_begun_its_request_gives_way_before_one_that_has_sent
     async with endpoint(max_connections=2) as served:
         port = served.port
         silent = await asyncio.open_connection("127.0.0.1", port, local_addr=("127.0.0.2", 0))
-        await eventually(lambda: served.active == 1, what="the silent connection served")
+        await eventually(
+            lambda: served.connections.active == 1, what="the silent connection served"
+        )
         held = [silent, await partial(port, "127.0.0.2")]
-        await eventually(lambda: served.begun == 1, what="the partial request read")
+        await eventually(lambda: served.connections.begun == 1, what="the partial request read")
         try:
             assert await probe(port, "127.0.0.1") == 200
             assert [await closed_by_server(reader) for reader, _ in held] == [False, True]
@@ -272,4 +278,4 @@ async def test_the_request_deadline_is_for_the_whole_request_not_each_byte() -> 
                     writer.write(b"x")
         finally:
             writer.close()
-        await eventually(lambda: served.active == 0, what="the endpoint let go of it")
+        await eventually(lambda: served.connections.active == 0, what="the endpoint let go of it")

@@ -21,13 +21,15 @@ close only while it is still ours. If the dir or the socket is removed (the kube
 and made again), it is made again: the channel looks whenever the kubelet dir watch reports a
 change, and every ``BACKSTOP_S``.
 
-No client may stall the daemon or keep the next one out: the request line must arrive within
-``REQUEST_TIMEOUT_S`` of the connect, in total (a byte now and then does not extend it); a
-longer line is refused unread; the answer must be taken within ``ANSWER_TIMEOUT_S``; at most
-``MAX_CONNECTIONS`` are open at once, and a new connection when every one is taken closes the
-oldest still sending its request (the commands send theirs in one write at once), or is closed
-itself when every one is being answered. The handler runs to its end whatever the client does
-(a cordon asked for is a cordon done, even if the command was interrupted).
+No client may stall the daemon or keep the next one out. Who gets a connection is
+:mod:`.admission`'s, as for the metrics port: the request line must arrive within
+``REQUEST_TIMEOUT_S`` of the connect, in total (a byte now and then does not extend it); at
+most ``MAX_CONNECTIONS`` are open at once, and a new connection when every one is taken closes
+one still sending its request, one that has begun it before one that has sent nothing yet (the
+commands send theirs in one write at once), the oldest first, or is closed itself when every
+one is being answered. Here, a longer line is refused unread, and the answer must be taken
+within ``ANSWER_TIMEOUT_S``. The handler runs to its end whatever the client does (a cordon
+asked for is a cordon done, even if the command was interrupted).
 """
 
 from __future__ import annotations
@@ -40,9 +42,7 @@ import re
 import secrets
 import socket
 import stat
-import time
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -52,6 +52,7 @@ from devplug._kits.problems import ProblemLog, error_reason
 from devplug._kits.socket_claim import SocketIdentity, SocketInUseError, claim, release
 from devplug._kits.values import Watchable
 from devplug.naming import TEMP_PREFIX
+from devplug.ops.admission import Admission, Connection, RequestTooLong
 
 log = structlog.get_logger(__name__)
 
@@ -170,14 +171,6 @@ def _own_dir(directory: Path) -> None:
         os.chmod(directory, DIR_MODE)
 
 
-@dataclass(eq=False, slots=True)
-class _Connection:
-    sock: socket.socket
-    accepted_at: float
-    reading: bool = True  # until its request is in: until then it may be evicted
-    task: asyncio.Task[None] | None = field(default=None, repr=False)
-
-
 class ControlChannel:
     """Serves ``handle`` on the unix socket ``path``; see the module's docstring."""
 
@@ -200,15 +193,17 @@ class ControlChannel:
         # Called each time the socket is (re)made (the dir may have been made again too).
         self._on_listening = on_listening
         self.backstop_s = backstop_s
-        self.request_timeout_s = request_timeout_s
         self.answer_timeout_s = answer_timeout_s
-        self.max_connections = max_connections
         self._listener: socket.socket | None = None
         self._own: SocketIdentity | None = None
         self._accepting: asyncio.Task[None] | None = None
-        self._connections: set[_Connection] = set()
-        self.evicted = 0  # connections closed mid-request to make room for a new one
-        self.refused = 0  # new connections closed unserved: every one was being answered
+        # Who gets a connection: the cap, the counts (evicted, refused, active) and the deadline.
+        self.connections = Admission(
+            "control",
+            self._serve,
+            max_connections=max_connections,
+            request_timeout_s=request_timeout_s,
+        )
 
     def intact(self) -> bool:
         """Whether it listens and ``path`` is still its socket."""
@@ -286,7 +281,9 @@ class ControlChannel:
                 os.unlink(temporary)
         self._listener = listener
         self._own = SocketIdentity.of(self.path)
-        self._accepting = asyncio.create_task(self._accept_loop(), name="control-accept")
+        self._accepting = asyncio.create_task(
+            self.connections.accept(listener), name="control-accept"
+        )
 
     def _stale_removed(self) -> None:
         log.info("control.stale_socket.removed", socket=str(self.path))
@@ -306,75 +303,29 @@ class ControlChannel:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._accepting
             self._accepting = None
-        tasks = [c.task for c in self._connections if c.task is not None]
-        for task in tasks:
-            task.cancel()
-        if tasks:
-            await asyncio.gather(*tasks, return_exceptions=True)
+        await self.connections.close()
         listener, own = self._listener, self._own
         self._listener = self._own = None
         if listener is not None:
             listener.close()
             release(self.path, own)
 
-    # ------------------------------------------------------------------ admission
-
-    async def _accept_loop(self) -> None:
-        assert self._listener is not None
-        loop = asyncio.get_running_loop()
-        while True:
-            try:
-                sock, _ = await loop.sock_accept(self._listener)
-            except OSError as exc:  # EMFILE and the like: try again shortly
-                log.warning("control.accept.failed", reason=error_reason(exc))
-                await asyncio.sleep(0.1)
-                continue
-            sock.setblocking(False)
-            if len(self._connections) < self.max_connections or self._evict():
-                connection = _Connection(sock, time.monotonic())
-                self._connections.add(connection)
-                connection.task = asyncio.create_task(
-                    self._serve(connection), name="control-connection"
-                )
-            else:
-                sock.close()
-                self.refused += 1
-            # One turn of the loop: an evicted connection's task closes its socket first.
-            await asyncio.sleep(0)
-
-    def _evict(self) -> bool:
-        """Close the oldest connection still sending its request; False if there is none."""
-        reading = [c for c in self._connections if c.reading]
-        if not reading:
-            return False
-        victim = min(reading, key=lambda c: c.accepted_at)
-        self._connections.discard(victim)
-        if victim.task is not None:
-            victim.task.cancel()  # its task closes the socket
-        self.evicted += 1
-        return True
-
     # ------------------------------------------------------------------ one exchange
 
-    async def _serve(self, connection: _Connection) -> None:
-        loop = asyncio.get_running_loop()
+    async def _serve(self, connection: Connection) -> None:
         try:
-            try:
-                async with asyncio.timeout(self.request_timeout_s):
-                    line = await self._read_line(loop, connection.sock)
-            except ValueError as exc:
-                answer = {"ok": False, "error": str(exc)}
-            else:
-                connection.reading = False
-                answer = await self._answer(line)
-            async with asyncio.timeout(self.answer_timeout_s):
-                await loop.sock_sendall(connection.sock, encode(answer))
-                await self._finish(loop, connection.sock)
-        except (TimeoutError, OSError, EOFError):
-            pass  # a client that sends nothing sensible, or does not read, gets nothing more
-        finally:
-            self._connections.discard(connection)
-            connection.sock.close()
+            line = await self.connections.read_request(connection, b"\n", MAX_REQUEST_BYTES)
+        except RequestTooLong:
+            answer = {
+                "ok": False,
+                "error": f"a request is one line of at most {MAX_REQUEST_BYTES} bytes",
+            }
+        else:
+            answer = await self._answer(line[:-1])
+        loop = asyncio.get_running_loop()
+        async with asyncio.timeout(self.answer_timeout_s):
+            await loop.sock_sendall(connection.sock, encode(answer))
+            await self._finish(loop, connection.sock)
 
     @staticmethod
     async def _finish(loop: asyncio.AbstractEventLoop, sock: socket.socket) -> None:
@@ -384,22 +335,6 @@ class ControlChannel:
         sock.shutdown(socket.SHUT_WR)
         while await loop.sock_recv(sock, MAX_REQUEST_BYTES):
             pass
-
-    @staticmethod
-    async def _read_line(loop: asyncio.AbstractEventLoop, sock: socket.socket) -> bytes:
-        """The request's line. EOFError: closed before its end; ValueError: too long."""
-        data = bytearray()
-        while True:
-            chunk = await loop.sock_recv(sock, MAX_REQUEST_BYTES)
-            if not chunk:
-                raise EOFError
-            start = len(data)
-            data += chunk
-            end = data.find(b"\n", start)
-            if 0 <= end < MAX_REQUEST_BYTES:
-                return bytes(data[:end])
-            if len(data) >= MAX_REQUEST_BYTES:
-                raise ValueError(f"a request is one line of at most {MAX_REQUEST_BYTES} bytes")
 
     async def _answer(self, line: bytes) -> dict[str, Any]:
         try:
