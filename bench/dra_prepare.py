@@ -170,6 +170,7 @@ async def measure(root: Path, args: argparse.Namespace) -> None:
         pool_name=NODE,
         read_claim=claims.read,
         pool=lambda: pool,
+        advertised=lambda resource, device_id: devices.get(device_id),
         cdi=AllocateCdiIds(cdi_names(cdi_dir, devices), devices),
         checkpoint=Checkpoint(paths.plugin_dir / CHECKPOINT_FILE, DRIVER),
     )

@@ -86,6 +86,7 @@ class PluginEnv:
             pool_name=NODE,
             read_claim=self.read_claim,
             pool=lambda: self.pool,
+            advertised=lambda resource, device_id: self.tree.get(resource, {}).get(device_id),
             cdi=CatalogCdiIds(self.catalog, self.tree),
             checkpoint=Checkpoint(self.checkpoint_path, DRIVER),
         )

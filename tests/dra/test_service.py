@@ -9,6 +9,7 @@ import asyncio
 import json
 import os
 import stat
+from dataclasses import replace
 from pathlib import Path
 
 import grpc
@@ -19,7 +20,7 @@ from devplug._proto import dra_v1_pb2, dra_v1beta1_pb2
 from devplug.cdi.allocate import CdiOptions, with_cdi
 from devplug.dra.checkpoint import CheckpointError, load_checkpoint
 from devplug.dra.slices import build_pool
-from devplug.model import ContainerAllocation
+from devplug.model import ContainerAllocation, Health
 from devplug.testing import eventually
 from devplug.testing.kubelet_dra import V1, V1BETA1, ClaimAnswer, ClaimName, method_path
 from devplug.testing.simulator import SimulatorRpcError
@@ -170,6 +171,32 @@ async def test_a_device_left_out_of_the_pool_since_allocation_is_refused(short_d
         env.pool = build_pool(smaller, node_name=NODE, driver=DRIVER, generation=2)
         got = await env.kubelet.prepare(DRIVER, [claim])
         assert "not in this node's pool (generation 2)" in got[claim.uid].error
+
+
+async def test_a_device_unhealthy_now_is_refused_while_the_published_pool_still_has_it(
+    short_dir: Path,
+) -> None:
+    # The pool as last published lags behind the node (the API server away, a write being
+    # retried): the device failed since, and must not be handed out on the old pool's word.
+    async with plugin_env(short_dir) as env:
+        await env.kubelet.wait_for_plugin(DRIVER)
+        claim, other = env.put_claim("c1", [NAMES[0]]), env.put_claim("c2", [NAMES[1]])
+        failed = replace(
+            env.tree[RESOURCE][IDS[0]],
+            health=Health.UNHEALTHY,
+            health_reason="cordoned: firmware update",
+        )
+        env.tree[RESOURCE][IDS[0]] = failed
+        assert env.pool is not None and NAMES[0] in env.pool.devices  # not published yet
+        got = await env.kubelet.prepare(DRIVER, [claim, other])
+        error = got[claim.uid].error
+        assert f"device {NAMES[0]!r} ({RESOURCE} {IDS[0]}) is unhealthy" in error
+        assert "cordoned: firmware update" in error
+        ok(got[other.uid])  # the rest of the batch is prepared
+        del env.tree[RESOURCE][IDS[2]]  # removed, the pool not published since either
+        third = env.put_claim("c3", [NAMES[2]])
+        gone = (await env.kubelet.prepare(DRIVER, [third]))[third.uid]
+        assert "is no longer advertised" in gone.error
 
 
 async def test_one_device_is_prepared_for_one_claim_at_a_time(short_dir: Path) -> None:

@@ -10,7 +10,9 @@ Prepare, for each claim the kubelet names (``{namespace, uid, name}``):
    it must be allocated;
 3. keep the allocation results of this driver; each must name this node's pool;
 4. map each device name to the devplug device through the pool as published now (the names
-   the scheduler allocated from);
+   the scheduler allocated from), and refuse one that is not healthy in the tree advertised
+   now: the pool as published lags behind the node while the API server is away or a write
+   is being retried, and a device that failed or was cordoned since must not be handed out;
 5. refuse a device that another prepared claim holds, unless one of the two asked for
    ``adminAccess`` (the last line of defence: the scheduler should never do it);
 6. require the CDI spec on disk to define the device (a runtime cannot resolve a CDI id whose
@@ -24,8 +26,8 @@ claims from the checkpoint; a uid it does not know is already unprepared. Prepar
 Unprepare run one at a time (one asyncio.Lock), so two batches never pick the same device.
 
 What this module is given rather than imports (the composition wires them): a claim reader
-(the API client's ``get_claim``), the published pool, and the CDI ids the spec on disk
-defines (the CDI catalog knows).
+(the API client's ``get_claim``), the published pool, the devices as advertised now, and the
+CDI ids the spec on disk defines (the CDI catalog knows).
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ import structlog
 
 from devplug.dra.checkpoint import Checkpoint, PreparedClaim, PreparedDevice
 from devplug.dra.slices import PoolDevice
+from devplug.model import DeviceInfo
 
 T = TypeVar("T")
 
@@ -62,6 +65,12 @@ class PublishedPool(Protocol):
 
     @property
     def devices(self) -> Mapping[str, PoolDevice]: ...
+
+
+class AdvertisedDevice(Protocol):
+    """A device as the advertised tree has it now (None: not advertised)."""
+
+    def __call__(self, resource: str, device_id: str) -> DeviceInfo | None: ...
 
 
 class CdiIds(Protocol):
@@ -123,6 +132,7 @@ class ClaimPreparer:
         pool_name: str,
         read_claim: ClaimReader,
         pool: Callable[[], PublishedPool | None],
+        advertised: AdvertisedDevice,
         cdi: CdiIds,
         checkpoint: Checkpoint,
         observe: CallObserver | None = None,
@@ -135,6 +145,7 @@ class ClaimPreparer:
         self.pool_name = pool_name
         self.read_claim = read_claim
         self.pool = pool
+        self.advertised = advertised
         self.cdi = cdi
         self.checkpoint = checkpoint
         self.observe = observe
@@ -362,6 +373,18 @@ class ClaimPreparer:
                 "allocated"
             )
         resource, device_id = found.resource, found.device_id
+        now = self.advertised(resource, device_id)
+        if now is None:
+            return (
+                f"device {result.device!r} ({resource} {device_id}) is no longer advertised: "
+                "it was removed after this node's pool was last published"
+            )
+        if not now.healthy:
+            return (
+                f"device {result.device!r} ({resource} {device_id}) is unhealthy: "
+                f"{now.health_reason or 'no reason given'}; it leaves this node's pool at the "
+                "next publish"
+            )
         holder = holders.get((resource, device_id))
         if holder is not None and not result.admin_access:
             return (

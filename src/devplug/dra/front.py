@@ -44,7 +44,7 @@ from devplug.dra.naming import pool_name, pool_name_problem
 from devplug.dra.publisher import PublishStats, PublishTiming, SlicePublisher
 from devplug.dra.registration import KubeletPlugin, PluginPaths, PluginTiming
 from devplug.errors import ConfigError
-from devplug.model import DeviceTree
+from devplug.model import DeviceInfo, DeviceTree
 from devplug.scanners.base import ResourceNamer, Scanner
 from devplug.scanners.generic import GenericScanner
 
@@ -121,6 +121,13 @@ async def _trees(advertised: Watchable[AdvertisedTree | None]) -> AsyncIterator[
             yield published.tree
 
 
+def _advertised_device(
+    advertised: Watchable[AdvertisedTree | None], resource: str, device_id: str
+) -> DeviceInfo | None:
+    published = advertised.value
+    return None if published is None else published.tree.get(resource, {}).get(device_id)
+
+
 class DraFront:
     """This node's DRA driver: its pool's slices, its kubelet plugin, its prepared claims."""
 
@@ -155,6 +162,9 @@ class DraFront:
             pool_name=pool_name(node_name),
             read_claim=api.get_claim,
             pool=self.publisher.pool,
+            advertised=lambda resource, device_id: _advertised_device(
+                advertised, resource, device_id
+            ),
             cdi=cdi,
             checkpoint=Checkpoint(self.paths.plugin_dir / CHECKPOINT_FILE, settings.driver),
             observe=observe_calls,
