@@ -157,6 +157,13 @@ async def test_an_empty_dir_says_so_and_that_there_is_no_kubelet(kubelet_dir: Pa
     ]
 
 
+async def test_a_file_in_the_kubelets_place_is_not_a_socket(kubelet_dir: Path) -> None:
+    kubelet_dir.mkdir(exist_ok=True)
+    (kubelet_dir / "kubelet.sock").write_text("")  # not the kubelet down: nothing to wait for
+    out = await devplug_status("--kubelet-dir", str(kubelet_dir))
+    assert out.splitlines()[-1] == f"kubelet: {kubelet_dir / 'kubelet.sock'} is not a socket"
+
+
 async def serving_vendor_plugin(path: Path) -> grpc.aio.Server:
     server = grpc.aio.server()
     pb_grpc.add_DevicePluginServicer_to_server(VendorPlugin(), server)

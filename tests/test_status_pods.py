@@ -201,3 +201,65 @@ async def test_a_kubelet_without_allocatable_still_names_the_holders(kubelet_dir
     assert table.splitlines()[-1].endswith(
         "; allocatable unknown (UNKNOWN: Pod Resources API GetAllocatableResources disabled)"
     )
+
+
+async def test_devices_are_listed_by_id_whatever_their_health(
+    kubelet: KubeletSimulator, kubelet_dir: Path, start_daemon: DaemonStarter
+) -> None:
+    # A device that turns unhealthy moves in the plugin's list; the table is by id all the
+    # same, the held device that is gone among them.
+    scanner = StaticScanner(serials("s1", "s2", "s3", "s10"))
+    daemon = await start_daemon(daemon_settings(kubelet_dir), [scanner])
+    session = await kubelet.wait_for_plugin(SERIAL)
+    await session.wait_for_update()
+    await kubelet.allocate(SERIAL, ["s3"], pod="web/front", container="app")
+    scanner.set(serials("s1", "s2", "s10", unhealthy=("s1",)))  # s3 unplugged under its pod
+    await daemon.rescan()
+    await session.wait_for_update(lambda listed: "s3" not in listed)
+
+    code, table, err = await run_devplug("status", "--pods", "--kubelet-dir", str(kubelet_dir))
+    assert code == 0, err
+    got = rows(table)
+    start = got.index(["RESOURCE", "DEVICE", "HEALTH", "HELD", "BY"])
+    assert [row[1] for row in got[start + 1 : start + 5]] == ["s1", "s2", "s3", "s10"]
+    code, as_json, _ = await run_devplug(
+        "status", "--pods", "--kubelet-dir", str(kubelet_dir), "-o", "json"
+    )
+    (plugin,) = json.loads(as_json)["plugins"]
+    assert [d["id"] for d in plugin["devices"]] == ["s1", "s2", "s3", "s10"]
+
+
+async def test_a_device_listed_unhealthy_is_not_extra_to_an_old_kubelet(
+    kubelet: KubeletSimulator, kubelet_dir: Path, start_daemon: DaemonStarter
+) -> None:
+    await serving(kubelet, start_daemon, StaticScanner(serials("s0", "s1", unhealthy=("s1",))))
+    # A kubelet before 1.23 counts unhealthy devices as allocatable (kubernetes#104122).
+    kubelet.pin_allocatable(SERIAL, ["s0", "s1"])
+    code, table, err = await run_devplug("status", "--pods", "--kubelet-dir", str(kubelet_dir))
+    assert code == 0, err
+    assert rows(table)[1] == [SOCKET, SERIAL, "1", "1", "0", "agrees", "serving"]
+
+
+async def test_a_file_that_is_no_socket_is_said_so_and_pods_asked_for_give_no_hint(
+    kubelet: KubeletSimulator, kubelet_dir: Path, start_daemon: DaemonStarter, tmp_path: Path
+) -> None:
+    await serving(kubelet, start_daemon, StaticScanner(serials("s0")))
+    code, _, err = await run_devplug(
+        "cordon", SERIAL, "s0", "--reason", "bad cable", "--kubelet-dir", str(kubelet_dir)
+    )
+    assert code == 0, err
+    hint = "(--pods tells a drained device from one in use)"
+    code, table, err = await run_devplug("status", "--kubelet-dir", str(kubelet_dir))
+    assert code == 0, err
+    assert hint in table.splitlines()  # who holds it was not asked
+
+    a_file = tmp_path / "kubelet.sock"
+    a_file.write_text("")
+    code, table, _ = await run_devplug(
+        "status", "--pod-resources-socket", str(a_file), "--kubelet-dir", str(kubelet_dir)
+    )
+    assert code == 1
+    lines = table.splitlines()
+    (said,) = [line for line in lines if line.startswith("pod resources:")]
+    assert said == f"pod resources: {a_file} is not a socket: holders unknown"
+    assert hint not in lines  # --pods was given: the line above says why holders are unknown

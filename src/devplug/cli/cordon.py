@@ -265,9 +265,13 @@ def cordons_document(rows: Sequence[CordonRow], daemons: Sequence[Daemon]) -> di
     }
 
 
-def cordons_table(rows: Sequence[CordonRow], daemons: Sequence[Daemon]) -> str:
+def cordons_table(
+    rows: Sequence[CordonRow], daemons: Sequence[Daemon], *, pods: bool = False
+) -> str:
     """The cordoned devices, one a row, and a line per daemon that did not answer or whose
-    cordons are unknown; empty when there is nothing to say."""
+    cordons are unknown; empty when there is nothing to say. Without ``pods`` (``--pods``
+    not given) a line says how to tell a drained device from one in use; with it, the pod
+    resources line has said already why that is unknown."""
     lines = []
     if rows:
         table = [("CORDONED", "DEVICE", "STATE", "SINCE", "REASON")]
@@ -285,7 +289,7 @@ def cordons_table(rows: Sequence[CordonRow], daemons: Sequence[Daemon]) -> str:
         for row in table:
             cells = [cell.ljust(width) for cell, width in zip(row[:4], widths, strict=True)]
             lines.append("  ".join([*cells, row[4]]).rstrip())
-        if any(r.holders is None for r in rows):
+        if not pods and any(r.holders is None for r in rows):
             lines.append("(--pods tells a drained device from one in use)")
     for daemon in daemons:
         if daemon.error is not None:

@@ -5,10 +5,14 @@ The holders come from the kubelet's pod resources API (read-only, no API server
 credentials); the devices and their health from each plugin's first ListAndWatch list (the
 probe of :mod:`devplug.cli.status`). Only devplug's resources are shown: theirs are the
 resources whose names devplug's socket names spell. A device a container holds that its
-plugin no longer lists (unplugged, unbound) is listed as ``gone``.
+plugin no longer lists (unplugged, unbound) is listed as ``gone``. A resource's devices are
+listed by id (:func:`devplug.naming.natural_key`), not in the plugin's order, which moves a
+device that turns unhealthy.
 
 One reading, no second look: an allocatable set that differs while the kubelet is taking a
-new list shows as a difference (the daemon's metric waits for a second reading).
+new list shows as a difference (the daemon's metric waits for a second reading). A device the
+plugin lists Unhealthy is never *extra*: kubelets before 1.23 count unhealthy devices as
+allocatable (kubernetes#104122).
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from typing import Any
 
 from devplug._kits.printable import escaped
 from devplug.kubelet.podresources import (
+    NOT_A_SOCKET,
     Holder,
     PodResourcesUnavailable,
     PodResourcesView,
@@ -55,7 +60,7 @@ class Allocatable:
     """The kubelet's allocatable ids of a resource against the ids its plugin lists Healthy."""
 
     missing: tuple[str, ...] = ()  # listed Healthy, not allocatable
-    extra: tuple[str, ...] = ()  # allocatable, not listed Healthy
+    extra: tuple[str, ...] = ()  # allocatable, not listed
     known: bool = True
 
     def describe(self) -> str:
@@ -84,6 +89,8 @@ class PodsStatus:
 
     def describe(self) -> str:
         """The one line about the pod resources API."""
+        if self.error == NOT_A_SOCKET:  # a file in its place: nothing a restart would fix
+            return f"pod resources: {self.socket} is not a socket: holders unknown"
         if not self.available:
             fix = (
                 "a kubelet without the pod resources API, or a pod without its mount; "
@@ -119,7 +126,8 @@ def join(
     served: Mapping[str, Sequence[Listed]],
 ) -> PodsStatus:
     """Each listed device of each of devplug's resources (``served``: resource -> its plugin's
-    list) with its holders, then the held ones no longer listed; the allocatable check."""
+    list) with its holders, and the held ones no longer listed, by resource and id; the
+    allocatable check."""
     if isinstance(reading, PodResourcesUnavailable):
         rows = [
             DeviceRow(resource, d.id, d.health, d.numa_nodes, None)
@@ -127,7 +135,7 @@ def join(
             for d in listed
         ]
         unknown = {resource: Allocatable(known=False) for resource in served}
-        return PodsStatus(socket, reading.state, reading.reason, None, 0, tuple(rows), unknown)
+        return PodsStatus(socket, reading.state, reading.reason, None, 0, _by_id(rows), unknown)
     rows = []
     allocatable: dict[str, Allocatable] = {}
     for resource, listed in sorted(served.items()):
@@ -138,7 +146,7 @@ def join(
         ]
         rows += [
             DeviceRow(resource, device, GONE, (), holders)
-            for device, holders in sorted(held.items(), key=lambda item: natural_key(item[0]))
+            for device, holders in held.items()
             if device not in ids
         ]
         allocatable[resource] = _compare(listed, reading, resource)
@@ -148,17 +156,21 @@ def join(
         None,
         reading.allocatable_error,
         reading.pods,
-        tuple(rows),
+        _by_id(rows),
         allocatable,
     )
 
 
-def _compare(listed: Iterable[Listed], reading: PodResourcesView, resource: str) -> Allocatable:
+def _by_id(rows: Iterable[DeviceRow]) -> tuple[DeviceRow, ...]:
+    return tuple(sorted(rows, key=lambda row: (row.resource, natural_key(row.id))))
+
+
+def _compare(listed: Sequence[Listed], reading: PodResourcesView, resource: str) -> Allocatable:
     if reading.allocatable is None:
         return Allocatable(known=False)
     healthy = {d.id for d in listed if d.health == "Healthy"}
     kubelet = reading.allocatable.get(resource, frozenset())
-    return Allocatable(_sorted(healthy - kubelet), _sorted(kubelet - healthy))
+    return Allocatable(_sorted(healthy - kubelet), _sorted(kubelet - {d.id for d in listed}))
 
 
 def _sorted(ids: Iterable[str]) -> tuple[str, ...]:

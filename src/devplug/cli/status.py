@@ -55,6 +55,7 @@ from devplug.cli.holders import (
     join,
     read_holders,
 )
+from devplug.kubelet.podresources import NOT_A_SOCKET
 from devplug.logconfig import quiet_grpc_core
 from devplug.naming import resource_name_problem
 
@@ -87,6 +88,8 @@ class KubeletStatus:
                 f"kubelet: no {path.name} in {path.parent}: plugins "
                 "register once it starts (devplug creates its sockets then)"
             )
+        if self.error == NOT_A_SOCKET:  # a file in its place: nothing a restart would fix
+            return f"kubelet: {self.socket} is not a socket"
         return f"kubelet: {self.socket} does not answer ({self.error}): down or restarting"
 
 
@@ -195,7 +198,7 @@ async def probe_kubelet(kubelet_dir: Path, timeout: float = PROBE_TIMEOUT_S) -> 
     path = kubelet_dir.absolute() / KUBELET_SOCKET
     try:
         if not stat.S_ISSOCK(os.lstat(path).st_mode):
-            return KubeletStatus(str(path), "not answering", "not a socket")
+            return KubeletStatus(str(path), "not answering", NOT_A_SOCKET)
     except FileNotFoundError:
         return KubeletStatus(str(path), "absent")
     except OSError as exc:
@@ -283,7 +286,7 @@ def status_command(
             sys.stdout.write("\n" + devices_table(holders))
     if dra and output not in ("json", "yaml"):
         sys.stdout.write("\n" + dra_table(dra))
-    said = cordons_table(cordons, daemons)
+    said = cordons_table(cordons, daemons, pods=holders is not None)
     if said and output not in ("json", "yaml"):
         sys.stdout.write("\n" + said)
     return 1 if failed else 0
