@@ -7,7 +7,9 @@ run (``scan``, ``cdi generate``, ``dra deviceclasses``, ``status``) or talk to (
 ``uncordon``: the daemon's control channel), the scanners, config, the
 model and the kits, and the test tools' umockdev testbeds (:mod:`devplug.testing.umockdev`),
 which ``capture`` writes records for and ``scan --replay`` builds. grpc and protobuf only in
-the status client (:mod:`.status`), which asks the kubelet-facing sockets what is registered.
+the status client (:mod:`.status`), which asks the kubelet-facing sockets what is registered;
+``status --pods`` (:mod:`.holders`) reads the pod resources API through
+:mod:`devplug.kubelet.podresources`, which hands back plain values.
 
 Exit status: 0 success, 2 bad usage or configuration (nothing was served), 130 interrupted
 (Ctrl-C), 141 stdout's reader went away (``devplug status | head -1``: quietly, as a command

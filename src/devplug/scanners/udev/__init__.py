@@ -2,7 +2,9 @@
 
 - :mod:`~devplug.scanners.udev.device`: :class:`UdevDevice`, one device as scanners read it;
 - :mod:`~devplug.scanners.udev.source`: :class:`UdevSource`, the enumeration a scan runs on;
-- :mod:`~devplug.scanners.udev.monitor`: :class:`UdevMonitor`, uevents for the hotplug front.
+- :mod:`~devplug.scanners.udev.monitor`: :class:`UdevMonitor`, uevents for the hotplug front;
+- :mod:`~devplug.scanners.udev.snapshot`: what scanners can read of a host, as plain values,
+  for ``devplug capture``.
 
 Scanners see only these views: reads of a gone device return None, nothing read is trusted as
 a path until checked, and a device whose text is not UTF-8 is skipped with its reason noted.
