@@ -136,6 +136,13 @@ def test_a_respelt_section_is_built_by_its_scanner(tmp_path: Path) -> None:
         ("log_level: loud\n", "log_level", "'debug', 'info', 'warning' or 'error'"),
         ("hotplug: {poll_s: 0}\n", "hotplug.poll_s", "greater than 0"),
         ("hotplug: {pol_s: 1}\n", "hotplug.pol_s", "did you mean 'poll_s'"),
+        # Nothing close: the list of keys follows the same punctuation, in every section.
+        (
+            "dra: {driver: gpu.intel.com, resources: [gpu.intel.com/i915], zzz: 1}\n",
+            "dra.zzz",
+            "unknown setting; valid keys here: driver, kubelet_root, resources",
+        ),
+        ("hotplug: {zzz: 1}\n", "hotplug.zzz", "unknown setting; valid keys here: coalesce_ms"),
         ("hotplug: {source: udevd}\n", "hotplug.source", "'auto', 'udev'"),
         ("- a\n- b\n", "--config", "mapping at the top level"),
         ("kubelet_dir: [\n", "--config", "not valid YAML"),

@@ -107,6 +107,31 @@ def test_an_unusable_kubeconfig_says_why(tmp_path: Path, text: str, problem: str
     assert problem in caught.value.message and str(path) in str(caught.value)
 
 
+@pytest.mark.parametrize(
+    ("user", "setting"),
+    [
+        ("{client-certificate: missing.crt, client-key: missing.key}", "client-certificate"),
+        ("{tokenFile: missing-token}", "tokenFile"),
+    ],
+)
+def test_a_file_the_kubeconfig_names_that_is_missing_is_named(
+    tmp_path: Path, user: str, setting: str
+) -> None:
+    path = tmp_path / "kubeconfig"
+    path.write_text(
+        "clusters: [{name: c, cluster: {server: 'https://127.0.0.1:6443'}}]\n"
+        "contexts: [{name: x, context: {cluster: c, user: u}}]\n"
+        f"users: [{{name: u, user: {user}}}]\ncurrent-context: x\n"
+    )
+    with pytest.raises(ConfigError) as caught:
+        load_api_client({"KUBECONFIG": str(path)})
+    assert caught.value.field == "KUBECONFIG"
+    missing = tmp_path / ("missing.crt" if setting == "client-certificate" else "missing-token")
+    assert caught.value.message.startswith(
+        f"{path}: {setting} {missing}: No such file or directory; "
+    ), caught.value.message
+
+
 def test_in_cluster_without_a_token_names_the_file(tmp_path: Path) -> None:
     environ = {"KUBERNETES_SERVICE_HOST": "10.0.0.1", "KUBERNETES_SERVICE_PORT": "443"}
     with pytest.raises(ConfigError) as caught:

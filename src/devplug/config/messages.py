@@ -50,7 +50,7 @@ def config_error(
         message = "unknown setting"
         if known:
             close = difflib.get_close_matches(str(location[-1]), known, n=1)
-            hint = f"; did you mean {close[0]!r}?" if close else ""
+            hint = f"; did you mean {close[0]!r}?" if close else ";"
             message += f"{hint} valid keys here: {', '.join(known)}"
     elif first["type"] == "missing":
         message = "is required"

@@ -208,13 +208,44 @@ def load_api_client(
     their files (call it at start-up, not on a busy loop). ConfigError when neither is usable."""
     config = api_server_config(os.environ if environ is None else environ, service_account_dir)
     where = "KUBECONFIG" if config.fname is not None else _IN_CLUSTER
+    source = f"{config.fname}: " if config.fname is not None else ""
+    _check_files(config, where, source)
     try:
         client = AsyncClient(
             config=config, timeout=httpx2.Timeout(timeout), field_manager=FIELD_MANAGER
         )
     except (ssl.SSLError, OSError, LightkubeConfigError) as exc:
-        raise ConfigError(where, f"cannot use its certificates or credentials: {exc}") from None
+        raise ConfigError(
+            where, f"{source}cannot use its certificates or credentials: {_describe(exc)}"
+        ) from None
     return LightkubeApi(client)
+
+
+def _check_files(config: SingleConfig, where: str, source: str) -> None:
+    """ConfigError naming the setting and the file, for a file the config names that cannot
+    be read (the TLS library's own error names neither)."""
+    user = config.user
+    named = [  # (setting, the file it names, the setting that holds the content instead)
+        ("certificate-authority", config.cluster.certificate_auth, "certificate-authority-data"),
+        ("client-certificate", user.client_cert if user else None, "client-certificate-data"),
+        ("client-key", user.client_key if user else None, "client-key-data"),
+        ("tokenFile", user.token_file if user else None, "token"),
+    ]
+    for setting, name, inline in named:
+        if not name:
+            continue
+        try:
+            path = Path(config.abs_file(name))
+            with path.open("rb"):
+                pass
+        except LightkubeConfigError as exc:
+            raise ConfigError(where, f"{source}{setting}: {exc}") from None
+        except OSError as exc:
+            raise ConfigError(
+                where,
+                f"{source}{setting} {path}: {exc.strerror or exc}; name a file devplug can "
+                f"read, or give its content as {inline}",
+            ) from None
 
 
 def api_server_config(environ: Mapping[str, str], service_account_dir: Path) -> SingleConfig:
@@ -287,6 +318,8 @@ def _check_server(server: str | None, where: str) -> None:
 def _describe(exc: BaseException) -> str:
     if isinstance(exc, KeyError):
         return f"it names {exc.args[0]!r}, which it does not define"
+    if isinstance(exc, OSError) and exc.filename is not None and exc.strerror:
+        return f"{exc.filename}: {exc.strerror}"
     return str(exc).splitlines()[0] if str(exc) else type(exc).__name__
 
 
