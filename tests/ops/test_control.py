@@ -115,6 +115,33 @@ async def test_garbage_and_an_overlong_line_are_refused_and_never_handled(
         assert (await ask(path, {"op": "list"}, 10))["echo"] == {"op": "list"}
 
 
+async def test_a_request_nested_too_deeply_is_answered_and_logged_at_a_bounded_rate(
+    kubelet_dir: Path,
+) -> None:
+    """Past the JSON parser's nesting (Python's recursion limit), a line is refused like any
+    other that is no JSON object, not dropped with its connection; a client sending it in a
+    loop gets one log line in full and the rest counted."""
+    path = socket_path(kubelet_dir, "devplug")
+    handler = Recorder()
+    deep = b"[" * 3000 + b"\n"
+    assert len(deep) < MAX_REQUEST_BYTES  # refused for its depth, not its length
+    with capture_logs() as logs:
+        async with channel(path, handler):
+            for _ in range(10):
+                answer = await exchange(path, deep)
+                assert answer == b'{"ok":false,"error":"the request is nested too deeply"}\n'
+            assert handler.requests == []
+            assert (await ask(path, {"op": "list"}, 10))["echo"] == {"op": "list"}
+    said = [
+        (e["log_level"], e["reason"], e.get("repeated"))
+        for e in logs
+        if e["event"] == "control.request.refused"
+    ]
+    # The first in full; the nine after it on one line, written at the latest when it closes.
+    reason = "the request is nested too deeply"
+    assert said == [("warning", reason, None), ("warning", reason, 9)]
+
+
 async def test_a_client_that_sends_nothing_is_closed_after_the_request_timeout(
     kubelet_dir: Path,
 ) -> None:

@@ -28,7 +28,10 @@ most ``MAX_CONNECTIONS`` are open at once, and a new connection when every one i
 one still sending its request, one that has begun it before one that has sent nothing yet (the
 commands send theirs in one write at once), the oldest first, or is closed itself when every
 one is being answered. Here, a longer line is refused unread, and the answer must be taken
-within ``ANSWER_TIMEOUT_S``. The handler runs to its end whatever the client does (a cordon
+within ``ANSWER_TIMEOUT_S``. A line that is not a JSON object (one nested past what the parser
+takes among them) is answered with why, and logged (``control.request.refused``) at a bounded
+rate: a client sending such lines in a loop writes a few lines of log per
+``REFUSAL_LOG_INTERVAL_S``. The handler runs to its end whatever the client does (a cordon
 asked for is a cordon done, even if the command was interrupted).
 """
 
@@ -49,6 +52,7 @@ from typing import Any
 import structlog
 
 from devplug._kits.problems import ProblemLog, error_reason
+from devplug._kits.repeats import RepeatLog
 from devplug._kits.socket_claim import SocketIdentity, SocketInUseError, claim, release
 from devplug._kits.values import Watchable
 from devplug.naming import TEMP_PREFIX
@@ -70,6 +74,8 @@ MAX_CONNECTIONS = 16
 LISTEN_BACKLOG = 64
 # The inotify watch of the kubelet dir wakes the channel; this only backs it up.
 BACKSTOP_S = 60.0
+# Refused requests: the first few in full, then one summary line per this many seconds.
+REFUSAL_LOG_INTERVAL_S = 10.0
 
 _NOT_IN_NAME = re.compile(r"[^A-Za-z0-9._-]")
 
@@ -91,6 +97,9 @@ def decode(line: bytes) -> dict[str, Any]:
         value = json.loads(line)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise ValueError(f"not JSON: {exc}") from None
+    except RecursionError:
+        # The parser recurses per nesting level: a line of 3,000 '[' passes Python's limit.
+        raise ValueError("nested too deeply") from None
     if not isinstance(value, dict):
         raise ValueError("not a JSON object")
     return value
@@ -204,6 +213,7 @@ class ControlChannel:
             max_connections=max_connections,
             request_timeout_s=request_timeout_s,
         )
+        self._refusals = RepeatLog(log, REFUSAL_LOG_INTERVAL_S)
 
     def intact(self) -> bool:
         """Whether it listens and ``path`` is still its socket."""
@@ -293,6 +303,7 @@ class ControlChannel:
         the dir if nothing else is in it (a state file, another daemon's socket)."""
         listening = self._listener is not None
         await self._stop()
+        self._refusals.flush()  # the count of refusals not logged yet
         if listening:
             with contextlib.suppress(OSError):
                 os.rmdir(self.path.parent)
@@ -316,10 +327,9 @@ class ControlChannel:
         try:
             line = await self.connections.read_request(connection, b"\n", MAX_REQUEST_BYTES)
         except RequestTooLong:
-            answer = {
-                "ok": False,
-                "error": f"a request is one line of at most {MAX_REQUEST_BYTES} bytes",
-            }
+            answer = self._refused(
+                "too_long", f"a request is one line of at most {MAX_REQUEST_BYTES} bytes"
+            )
         else:
             answer = await self._answer(line[:-1])
         loop = asyncio.get_running_loop()
@@ -336,11 +346,18 @@ class ControlChannel:
         while await loop.sock_recv(sock, MAX_REQUEST_BYTES):
             pass
 
+    def _refused(self, kind: str, reason: str) -> dict[str, Any]:
+        """The answer to a request that is not one, logged at a bounded rate (``kind``: one
+        of a fixed few, never the client's text)."""
+        if self._refusals.admit("control.request.refused", category=kind, reason=reason):
+            log.warning("control.request.refused", reason=reason)
+        return {"ok": False, "error": reason}
+
     async def _answer(self, line: bytes) -> dict[str, Any]:
         try:
             request = decode(line)
         except ValueError as exc:
-            return {"ok": False, "error": f"the request is {exc}"}
+            return self._refused("malformed", f"the request is {exc}")
         # Shielded: the handler finishes even if this connection is cancelled (the channel
         # closing waits for it through the connection's task).
         work = asyncio.ensure_future(self._handle(request))
