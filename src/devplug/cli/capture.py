@@ -4,19 +4,20 @@ record format, for a bug report; ``devplug scan --replay FILE`` (:mod:`.replay`)
 The capture holds every device of the subsystems the scanners watch (every device when one of
 them matches by node only) and each device above them, with their udev properties, sysfs
 attributes and links, /dev nodes and the links to them (:mod:`devplug.scanners.udev.snapshot`),
-identifying values replaced (:mod:`.scrub`). It then runs the scan as ``devplug scan`` would
-and says on stderr when the scan's output holds a scrubbed value (device ids made from
-``ID_SERIAL_SHORT``, say): a replay shows placeholders there unless ``--keep`` names it.
+identifying values replaced (:mod:`.scrub`); a record that would still hold one is not
+written. It then runs the scan as ``devplug scan`` would and says on stderr when the scan's
+output holds a scrubbed value (device ids made from ``ID_SERIAL_SHORT``, say): a replay shows
+placeholders there unless ``--keep`` names it.
 """
 
 from __future__ import annotations
 
-import contextlib
 import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from devplug._kits.atomic import replace_file
 from devplug.cli.commands import fail, scanners_failed
 from devplug.cli.parser import EXIT_FAILED, EXIT_OK
 from devplug.cli.scrub import Scrubber
@@ -53,6 +54,16 @@ def capture(
     except RecordError as exc:  # a bug: what capture writes, replay must read
         fail(program, f"cannot capture: the record would not load: {exc}")
         return EXIT_FAILED
+    leaked = sorted({name for names in scrubber.leaks(record).values() for name in names})
+    if leaked:  # a bug: nothing identifying leaves the host unless --keep names it
+        fail(
+            program,
+            "cannot capture: the record would still hold values found under "
+            f"{', '.join(leaked)} (please report this); "
+            + " ".join(f"--keep {name}" for name in leaked)
+            + " records them as they are",
+        )
+        return EXIT_FAILED
     to_stdout = output is None or str(output) == "-"
     if to_stdout:
         sys.stdout.write(record)
@@ -60,7 +71,7 @@ def capture(
     else:
         assert output is not None
         try:
-            _write_atomically(output, record)
+            replace_file(output, record.encode(), _new_file_mode(), f".{output.name}.devplug-")
         except OSError as exc:
             fail(program, f"cannot write {output}: {exc.strerror or exc}")
             return EXIT_FAILED
@@ -109,17 +120,8 @@ def _say_what_replay_changes(program: str, scanners: Sequence[Scanner], scrubber
         )
 
 
-def _write_atomically(path: Path, text: str) -> None:
-    """Readers see the old file or the whole new one, never a part."""
-    directory = path.parent
-    temporary = directory / f".{path.name}.devplug-tmp-{os.getpid()}"
-    try:
-        with open(temporary, "w", encoding="utf-8") as handle:
-            handle.write(text)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(temporary, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(temporary)
-        raise
+def _new_file_mode() -> int:
+    """The mode a new file gets from this process's umask, as ``open()`` would give it."""
+    umask = os.umask(0o077)
+    os.umask(umask)
+    return 0o666 & ~umask

@@ -8,8 +8,10 @@ character or block node is there, and the symlinks under /dev that lead to that 
 
 Nothing is written and no device node is opened. Attributes are read as any reader of sysfs
 reads them, a page at most, except the files whose reading reaches the hardware or that hold
-raw firmware data no scanner reads (PCI BARs, ROM, config space, VPD). Directories below a
-device that are devices of their own are left to their own entry.
+raw firmware or identity data no scanner reads (PCI BARs, ROM, config space, VPD, SCSI
+INQUIRY and VPD pages, a monitor's EDID, ATA IDENTIFY data): binary records of serial numbers
+and WWNs that scrubbing could not take apart. Directories below a device that are devices of
+their own are left to their own entry.
 """
 
 from __future__ import annotations
@@ -25,11 +27,18 @@ from typing import Final
 from devplug.scanners.udev.device import MAX_ATTRIBUTE_BYTES, UdevDevice, node_path_problem
 from devplug.scanners.udev.source import GONE_ERRNOS, SourceUnavailable, UdevSource
 
-# Read through the hardware (PCI BARs: an I/O BAR's read does port I/O), or raw firmware and
-# config data that no scanner reads and that may hold serial numbers (VPD, PCIe's DSN).
+# Read through the hardware (PCI BARs: an I/O BAR's read does port I/O), actions, or raw
+# firmware, config and identity data that no scanner reads and that holds serial numbers and
+# WWNs: PCI VPD and config space (PCIe's DSN capability), SCSI VPD pages (vpd_pg80: the unit
+# serial, vpd_pg83: the WWN designators) and INQUIRY data (vendor-specific bytes hold serials),
+# a drm connector's EDID (the monitor's serial).
 SKIPPED_ATTRIBUTES: Final = re.compile(
-    r"(resource\d+(_wc)?|rom|config|vpd|remove|rescan|reset|bind|unbind|new_id|remove_id)"
+    r"resource\d+(_wc)?|rom|config|vpd(_pg[0-9a-f]+)?|inquiry|edid"
+    r"|remove|rescan|reset|bind|unbind|new_id|remove_id"
 )
+# By subsystem, where the name alone says too little: ata_device's ``id`` is the IDENTIFY
+# DEVICE data as hex text (the serial, byte-swapped, and the WWN).
+SKIPPED_SUBSYSTEM_ATTRIBUTES: Final = {"ata_device": frozenset({"id"})}
 # Properties that describe an event or udev's timing, not the device.
 SKIPPED_PROPERTIES: Final = frozenset({"DEVPATH", "USEC_INITIALIZED", "ACTION", "SEQNUM"})
 # How deep below a device's dir attribute subdirectories are read (power/, queue/, ...).
@@ -102,7 +111,8 @@ def snapshot_devices(subsystems: Iterable[str] | None) -> Snapshot:
     devlinks = _links_to_nodes(nodes)
     devices = []
     for device, properties, node in partial:
-        attributes, links = _read_dir(device.sys_path)
+        skipped = SKIPPED_SUBSYSTEM_ATTRIBUTES.get(properties["SUBSYSTEM"], frozenset())
+        attributes, links = _read_dir(device.sys_path, skipped)
         devices.append(
             DeviceSnapshot(
                 sys_path=device.sys_path,
@@ -130,12 +140,15 @@ def _node(device: UdevDevice) -> str | None:
     return path.removeprefix("/dev/")
 
 
-def _read_dir(sys_path: str) -> tuple[dict[str, bytes], dict[str, str]]:
-    """The attribute files and links of a device's dir, by name relative to it."""
+def _read_dir(sys_path: str, skipped: frozenset[str]) -> tuple[dict[str, bytes], dict[str, str]]:
+    """The attribute files and links of a device's dir, by name relative to it; ``skipped``
+    names top-level attribute files left out besides SKIPPED_ATTRIBUTES."""
     attributes: dict[str, bytes] = {}
     links: dict[str, str] = {}
     budget = [MAX_DEVICE_ENTRIES]
     _read_subdir(sys_path, "", 0, attributes, links, budget)
+    for name in skipped:
+        attributes.pop(name, None)
     return attributes, links
 
 
