@@ -151,12 +151,15 @@ def test_dra_false_flags_and_empty_node_name() -> None:
         ("example.com/", "FieldValueInvalid"),
         ("Bad_Domain!/model", "FieldValueInvalid"),
         ("d" * 64 + "/model", "FieldValueTooLong"),
+        # validation.go@009801d validateQualifiedName; its TODO about such names is older.
+        ("example.com/a/b", "FieldValueInvalid"),
     ],
 )
 def test_dra_attribute_names(name: str, reason: str) -> None:
     errors = validate_resource_slice(resource_slice([device("gpu-0", **{name: {"int": 1}})]))
-    key = name if len(name) <= 96 else name[:47] + "..." + name[-46:]
-    assert (f"spec.devices[0].attributes[{key}]", reason) in fields(errors), errors
+    # A map key's problems are reported at the map (validateMap), with the key as the value.
+    assert ("spec.devices[0].attributes", reason) in fields(errors), errors
+    assert all(error.field == "spec.devices[0].attributes" for error in errors), errors
 
 
 @pytest.mark.parametrize(

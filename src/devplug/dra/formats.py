@@ -126,7 +126,7 @@ def qualified_name(value: str) -> list[str]:
         messages.append("name part must be non-empty")
     elif len(name) > 63:
         messages.append("name part " + max_len_error(63))
-    if name and not QUALIFIED_NAME.match(name):
+    if not QUALIFIED_NAME.match(name):  # an empty name gets both messages, as in Go
         messages.append(
             "name part "
             + regex_error(_QUALIFIED_NAME_MSG, QUALIFIED_NAME_FMT, "MyName", "my.name", "123-abc")

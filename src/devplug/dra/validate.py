@@ -20,8 +20,13 @@ names DNS labels unique in the slice. List-typed attributes (``ints``, ``strings
 
 Not mirrored, as devplug never sends them and the API server refuses most while decoding (400,
 before validation): node selector terms' contents, quantity syntax, capacity request policies
-beyond "needs allowMultipleAllocations", annotations, owner references. Any JSON value is
-taken and nothing raises: a wrong type is a ``FieldValueTypeInvalid`` error.
+beyond "needs allowMultipleAllocations", owner references. Any JSON value is taken and nothing
+raises: a wrong type is a ``FieldValueTypeInvalid`` error.
+
+tests/dra/upstream_slice_cases.py holds the API server's own test cases (its
+validation_resourceslice_test.go) as data, and tests/dra/test_dra_validate_upstream.py holds
+this mirror to them: field paths and error types as the API server reports them (the problems
+of a map's key at the map's path, its value's at ``map[key]``).
 """
 
 from __future__ import annotations
@@ -61,6 +66,7 @@ POOL_NAME_MAX = 253  # PoolNameMaxLength
 MAX_DEVICES = 128  # ResourceSliceMaxDevices
 MAX_DEVICES_WITH_TAINTS_OR_COUNTERS = 64  # ResourceSliceMaxDevicesWithTaintsOrConsumesCounters
 MAX_COUNTER_SETS = 8  # ResourceSliceMaxCounterSets
+ANNOTATIONS_MAX = 256 * 1024  # TotalAnnotationSizeLimitB
 _SLICE_ONE_OF = (
     "exactly one of `nodeName`, `nodeSelector`, `allNodes`, `perDeviceNodeSelection` is required"
 )
@@ -91,7 +97,7 @@ def validate_resource_slice_update(new: Any, old: Any) -> list[FieldError]:
 
 def validate_metadata(value: Any) -> list[FieldError]:
     """ValidateObjectMeta for a cluster-scoped kind named by DNS subdomains: a name or a
-    generateName, no namespace, valid label keys and values."""
+    generateName, no namespace, valid label keys and values, valid annotation keys."""
     errors: list[FieldError] = []
     meta = as_object({} if value is None else value, "metadata", errors)
     if meta is None:
@@ -114,6 +120,21 @@ def validate_metadata(value: Any) -> list[FieldError]:
         errors.extend(each("metadata.labels", label, formats.qualified_name(label)))
         if (text := as_string(label_value, key("metadata.labels", label, 63), errors)) is not None:
             errors.extend(each("metadata.labels", text, formats.label_value(text)))
+    errors.extend(_annotations_errors(meta.get("annotations")))
+    return errors
+
+
+def _annotations_errors(value: Any) -> list[FieldError]:
+    """ValidateAnnotations: keys are qualified names in any case, and keys and values
+    together at most 256 KiB."""
+    errors: list[FieldError] = []
+    annotations = as_object(value or {}, "metadata.annotations", errors) or {}
+    size = 0
+    for name, text in annotations.items():
+        errors.extend(each("metadata.annotations", name, formats.qualified_name(name.lower())))
+        size += len(name.encode()) + (len(text.encode()) if isinstance(text, str) else 0)
+    if size > ANNOTATIONS_MAX:
+        errors.append(too_long("metadata.annotations", ANNOTATIONS_MAX))
     return errors
 
 

@@ -109,7 +109,7 @@ def device_errors(value: Any, path: str, per_device_node_selection: bool) -> lis
     shareable = device.get("allowMultipleAllocations") is True
     for name, entry in capacity.items():
         entry_path = key(child(path, "capacity"), name, _ATTRIBUTE_KEY_MAX)
-        errors.extend(qualified_name_errors(name, entry_path))
+        errors.extend(qualified_name_errors(name, child(path, "capacity")))
         if isinstance(entry, Mapping) and entry.get("requestPolicy") is not None and not shareable:
             detail = "allowMultipleAllocations must be true"
             errors.append(forbidden(child(entry_path, "requestPolicy"), detail))
@@ -133,21 +133,21 @@ def device_name_errors(value: Any, path: str) -> list[FieldError]:
 
 
 def attribute_errors(name: str, value: Any, attributes_path: str) -> list[FieldError]:
-    """One ``attributes`` entry: its name (validateQualifiedName) and value
-    (validateDeviceAttribute), at ``<attributes_path>[<name>]``."""
+    """One ``attributes`` entry: its name (validateQualifiedName), reported at
+    ``attributes_path`` itself as ``validateMap`` does for keys, and its value
+    (validateDeviceAttribute) at ``<attributes_path>[<name>]``."""
     path = key(attributes_path, name, _ATTRIBUTE_KEY_MAX)
-    return qualified_name_errors(name, path) + attribute_value_errors(value, path)
+    return qualified_name_errors(name, attributes_path) + attribute_value_errors(value, path)
 
 
 def qualified_name_errors(name: str, path: str) -> list[FieldError]:
     """An attribute or capacity name: a C identifier of at most 32 characters, optionally
-    after ``<driver-like domain>/``. (Upstream lets a name with two slashes through, and a
-    TODO there says so; this mirror does the same.)"""
+    after ``<driver-like domain>/``; not more than one slash."""
     parts = name.split("/")
     if len(parts) == 1:
         return _identifier_errors(name, path)
     if len(parts) != 2:
-        return []
+        return [invalid(path, name, "must not contain more than one slash")]
     domain, identifier = parts
     errors = driver_name_errors(domain, path) if domain else []
     if not domain:
@@ -254,8 +254,8 @@ def _counters_errors(value: Any, path: str) -> list[FieldError]:
         return errors
     if len(counters) > MAX_COUNTERS:  # the same 32 for sets and consumptions
         return [too_many(path, len(counters), MAX_COUNTERS)]
-    for name in counters:
-        errors.extend(each(key(path, name, 63), name, formats.dns_label(name)))
+    for name in counters:  # a key's problems at the map's own path, as validateMap puts them
+        errors.extend(each(path, name, formats.dns_label(name)))
     return errors
 
 
