@@ -154,6 +154,13 @@ def _attrs(obj: JsonObject, index: int, attributes: JsonObject) -> None:
     _devices(obj)[index]["attributes"] = attributes
 
 
+def _bad_attributes(obj: JsonObject) -> None:
+    _attrs(obj, 1, {BAD: {}})  # a bad name, and no value
+    _attrs(obj, 2, {GOOD: {"string": "x", "version": "1.2.3"}})  # two values
+    _attrs(obj, 3, {GOOD: {"version": "x" * (MAX_VALUE + 1)}})
+    _attrs(obj, 4, {GOOD: {"string": "x" * (MAX_VALUE + 1)}})
+
+
 def _combined(obj: JsonObject) -> None:
     devices = _devices(obj)
     many = {f"attr_{i}": {"string": "x"} for i in range(MAX_ATTRIBUTES_AND_CAPACITIES)}
@@ -367,15 +374,7 @@ CREATE_CASES: list[Case] = [
     ),
     Case(
         "bad-attribute",
-        changed(
-            good(5, GOOD),
-            lambda o: (
-                _attrs(o, 1, {BAD: {}}),
-                _attrs(o, 2, {GOOD: {"string": "x", "version": "1.2.3"}}),
-                _attrs(o, 3, {GOOD: {"version": "x" * (MAX_VALUE + 1)}}),
-                _attrs(o, 4, {GOOD: {"string": "x" * (MAX_VALUE + 1)}}),
-            ),
-        ),
+        changed(good(5, GOOD), _bad_attributes),
         [
             (f"{D}[1].attributes", INVALID),
             (f"{D}[1].attributes[{BAD}]", INVALID),
