@@ -20,7 +20,8 @@ free of grpc.
 - :mod:`.publisher`: keeps the pool published (settle, build, write, back off); it follows
   the API server's slices through :mod:`.slicemirror` (list, then watch), checks each slice
   in :mod:`.screening`, plans the generation and the writes in :mod:`.slicediff` and sends
-  them through :mod:`.slicewrites`.
+  them through :mod:`.slicewrites`, which sends a slice the API server refused again without
+  what it refused (:mod:`.refusals`).
 - :mod:`.registration`: the kubelet plugin's registration socket and DRA service socket;
   :mod:`.sockets` claims a socket path without clobbering anyone's.
 - :mod:`.service`: the DRAPlugin service (v1 and v1beta1) over :mod:`.claims`, which decides
