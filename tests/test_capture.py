@@ -27,18 +27,20 @@ from devplug.cli.identifying import (
     is_identifying_property,
 )
 from devplug.cli.scrub import Scrubber
-from devplug.scanners.udev.snapshot import DeviceSnapshot
-from devplug.testing.mockhost import PRESETS, build_mock_host
-from devplug.testing.umockdev import (
+from devplug.scanners.udev.record import (
+    MAX_RECORD_BYTES,
+    MAX_VALUE_BYTES,
     RecordedDevice,
     RecordError,
-    UmockdevHost,
-    add_usb_serial,
+    escape,
     format_record,
     parse_record,
     read_record,
+    unescape,
 )
-from devplug.testing.umockdev.record import MAX_RECORD_BYTES, MAX_VALUE_BYTES, escape, unescape
+from devplug.scanners.udev.snapshot import DeviceSnapshot
+from devplug.testing.mockhost import PRESETS, build_mock_host
+from devplug.testing.umockdev import UmockdevHost, add_usb_serial
 
 ROOT = Path(__file__).resolve().parents[1]
 # The memory devices and virtual consoles: on every Linux machine, this one included.

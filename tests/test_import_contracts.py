@@ -101,6 +101,8 @@ PLANTS = [
     # A new top-level module must be given a layer.
     Plant("layers", "planted.py", "import devplug.errors"),
     Plant("facade", "ops/limits.py", "from devplug import DeviceInfo"),
+    # cli is above testing, but a command on a node must not load the test tools.
+    Plant("testing", "cli/capture.py", "from devplug.testing.umockdev import UmockdevHost"),
     Plant("kits", "_kits/backoff.py", "import devplug.errors"),
     Plant("kubelet-layers", "kubelet/planted.py", "import devplug.kubelet.wire"),
     *upward_plants(),

@@ -24,13 +24,13 @@ from devplug.cli.scrub import Scrubber
 from devplug.hotplug.scanning import ScanRunner, event_subsystems
 from devplug.scanners.base import Scanner
 from devplug.scanners.udev import SourceUnavailable
-from devplug.scanners.udev.snapshot import DeviceSnapshot, snapshot_devices
-from devplug.testing.umockdev.record import (
+from devplug.scanners.udev.record import (
     RecordedDevice,
     RecordError,
     format_record,
     parse_record,
 )
+from devplug.scanners.udev.snapshot import DeviceSnapshot, snapshot_devices
 
 
 def capture(

@@ -23,8 +23,8 @@ from devplug.cli.commands import fail, scan
 from devplug.cli.parser import EXIT_USAGE
 from devplug.scanners.base import Scanner
 from devplug.scanners.udev import UdevSource
+from devplug.scanners.udev.record import RecordError
 from devplug.testing.umockdev.host import PRELOAD_LIBRARY, preload_active
-from devplug.testing.umockdev.record import RecordError
 from devplug.testing.umockdev.replay import host_from_record
 
 INSTALL_HINT = (

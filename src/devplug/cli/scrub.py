@@ -41,8 +41,8 @@ from devplug.cli.identifying import (
     reshape,
     values_of,
 )
+from devplug.scanners.udev.record import RecordedDevice
 from devplug.scanners.udev.snapshot import DeviceSnapshot
-from devplug.testing.umockdev.record import RecordedDevice
 
 # Forms this long or longer are replaced wherever they appear; shorter ones down to
 # MIN_PROPAGATED where they stand as a word.

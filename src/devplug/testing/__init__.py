@@ -3,8 +3,8 @@
 May use every room, as a test does (it runs the real daemon); grpc and protobuf only in the
 kubelet stand-ins (:mod:`.simulator`, its pod resources API :mod:`.podresources`, and
 :mod:`.kubelet_dra`). The daemon's own code never imports it: the layers contract puts it at
-the top, just below the command line (whose ``capture`` and ``scan --replay`` use
-:mod:`.umockdev`).
+the top, just below the command line, and only ``scan --replay`` uses it (to build a
+:mod:`.umockdev` testbed from a record).
 
 - :class:`KubeletSimulator`: a kubelet stand-in over real unix sockets (Registration with the
   kubelet's checks, dial-back, ListAndWatch recording, Allocate/GetPreferredAllocation/

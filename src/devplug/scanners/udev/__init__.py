@@ -4,7 +4,10 @@
 - :mod:`~devplug.scanners.udev.source`: :class:`UdevSource`, the enumeration a scan runs on;
 - :mod:`~devplug.scanners.udev.monitor`: :class:`UdevMonitor`, uevents for the hotplug front;
 - :mod:`~devplug.scanners.udev.snapshot`: what scanners can read of a host, as plain values,
-  for ``devplug capture``.
+  for ``devplug capture``;
+- :mod:`~devplug.scanners.udev.record`: umockdev's record format, which ``capture`` writes a
+  snapshot in, and ``scan --replay`` and the test tools' testbeds
+  (:mod:`devplug.testing.umockdev`) read, checked.
 
 Scanners see only these views: reads of a gone device return None, nothing read is trusted as
 a path until checked, and a device whose text is not UTF-8 is skipped with its reason noted.

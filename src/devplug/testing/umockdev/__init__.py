@@ -1,8 +1,9 @@
 """Hand-built umockdev testbeds: real pyudev code against mock hardware, in-process.
-It imports nothing of devplug (only the standard library), so any scanner's tests can use it.
+Of devplug it imports only the record format (the rest is the standard library), so any
+scanner's tests can use it.
 
 A host recorded in umockdev's record format (``umockdev-record``, ``devplug capture``) is
-read by :mod:`.record` and built by :mod:`.replay`.
+read by :mod:`devplug.scanners.udev.record` and built by :mod:`.replay`.
 
 The testbed is a directory laid out like the one ``umockdev-run`` creates (``sys/``,
 ``dev/``, ``dev/.node/``), written directly with file operations: no GObject, not
@@ -26,6 +27,13 @@ Facts this package relies on (umockdev 0.17.16, ``src/libumockdev-preload.c``):
   ``event[0-9]*`` socket. :meth:`UmockdevHost.emit` does the same from Python.
 """
 
+from devplug.scanners.udev.record import (
+    RecordedDevice,
+    RecordError,
+    format_record,
+    parse_record,
+    read_record,
+)
 from devplug.testing.umockdev.device_files import MockNode
 from devplug.testing.umockdev.host import PRELOAD_LIBRARY, UmockdevHost, preload_active
 from devplug.testing.umockdev.presets import (
@@ -38,13 +46,6 @@ from devplug.testing.umockdev.presets import (
     add_vfio_container,
     add_vfio_function,
     add_vfio_group,
-)
-from devplug.testing.umockdev.record import (
-    RecordedDevice,
-    RecordError,
-    format_record,
-    parse_record,
-    read_record,
 )
 from devplug.testing.umockdev.replay import add_recorded, host_from_record
 from devplug.testing.umockdev.uevents import UeventQueueFullError

@@ -26,9 +26,9 @@ import stat
 from collections.abc import Sequence
 from pathlib import Path
 
+from devplug.scanners.udev.record import RecordedDevice, RecordError, read_record
 from devplug.testing.umockdev.device_files import MockNode
 from devplug.testing.umockdev.host import UmockdevHost
-from devplug.testing.umockdev.record import RecordedDevice, RecordError, read_record
 
 # Made from the other lines when the device is added; the recorded values are set after.
 _DERIVED = ("DEVNAME", "MAJOR", "MINOR", "DRIVER", "DEVLINKS")

@@ -1,5 +1,7 @@
 """umockdev's record format (what ``umockdev-record`` writes, what ``umockdev-run -d`` loads):
 :func:`format_record` writes it, :func:`parse_record` and :func:`read_record` read it, checked.
+``devplug capture`` writes a host's snapshot in it; ``scan --replay`` and the testbeds of
+:mod:`devplug.testing.umockdev` read it. Standard library only.
 
 One paragraph per device, blank lines between them; each line a tag, ``": "``, a value:
 
