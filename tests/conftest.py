@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import structlog
 
 # grpc-core prints an informational line for every GOAWAY a simulated kubelet's channel gets
 # when a plugin server stops; failing tests' captured stderr stays readable without them. Set
@@ -151,6 +152,15 @@ def _specs_pass_the_cdi_library(
         if not result.ok:
             pytest.fail(f"the CDI library (0.5.2) rejects a spec this test wrote: {result}")
     _LIBRARY_CHECKED.update(new)
+
+
+@pytest.fixture(autouse=True)
+def _logging_config_restored() -> Iterator[None]:
+    """A test that runs a command in-process (``devplug.cli.main``) configures structlog to
+    print to that test's captured stderr; later tests must not write to the closed capture."""
+    saved = structlog.get_config()
+    yield
+    structlog.configure(**saved)
 
 
 @pytest.fixture(autouse=True)
