@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING
 
 import structlog
 
+from devplug._kits import collector
 from devplug._kits.stopping import StopBudget
 from devplug._kits.tasks import running
 from devplug._kits.values import LatestValue, Watchable
@@ -83,6 +84,10 @@ CDI_START_TIMEOUT_S = 1.0
 # kubelet dir watch, the log line, the worker threads' end): milliseconds, with room to spare.
 STOP_LAST_STEPS_S = 1.0
 
+# After a full scan, the garbage collector is settled once the CDI specs follow the new tree;
+# this long at most (a spec that cannot be written never does).
+SETTLE_CDI_WAIT_S = 30.0
+
 # Reads the configuration and builds the scanners: (settings, their scanners), or ConfigError
 # naming the bad field. Called at start and again on every SIGHUP.
 ConfigLoader = Callable[[], tuple[Settings, Sequence[Scanner]]]
@@ -104,6 +109,10 @@ class DaemonStats:
     cdi_specs: frozenset[str] = frozenset()
     cdi_writes: int = 0
     cdi_failures: int = 0
+
+
+def _more_full_scans_than(count: int) -> Callable[[DaemonStats], bool]:
+    return lambda stats: stats.full_scans > count
 
 
 class Daemon:
@@ -160,6 +169,9 @@ class Daemon:
             reload=self._reload,
             freeze_gc=freeze_gc,
         )
+        # The collector is the process's: only the process's own daemon settles it (tests
+        # share theirs between daemons).
+        self._freeze_gc = freeze_gc
 
         self.watcher = KubeletDirWatcher(settings.kubelet_dir)
         # devplug cordon, uncordon and status's cordons, on a socket beside the plugins'.
@@ -173,6 +185,7 @@ class Daemon:
         # What the spec files on disk define, shared by the CDI task and every servicer.
         self.cdi_catalog = CdiCatalog(on_change=self._cdi_changed)
         self._cdi_sync: CdiSync | None = None
+        self._cdi_running = asyncio.Event()  # set once the CDI task runs
         self._cdi_scanners = tuple(scanners)  # they name this daemon's instance
         # Resources whose first ListAndWatch list is out (the CDI task waits for those of the
         # first scan; see _run_cdi).
@@ -213,6 +226,7 @@ class Daemon:
             self.metrics,
             self._registered_resources,
             scanners=lambda: self.scan_loop.runner.scanners,  # the reloaded ones after SIGHUP
+            quiet=self.scan_loop.quiet,
         )
 
     # ------------------------------------------------------------------ public controls
@@ -312,6 +326,10 @@ class Daemon:
                 running(group, self.holders.run(self.stats), name="pod-resources")
             )
             await parts.enter_async_context(running(group, self.scan_loop.run(), name="scan-loop"))
+            if self._freeze_gc:
+                await parts.enter_async_context(
+                    running(group, self._settle_collector(), name="gc-settle")
+                )
             # After the scan loop it changes (and stopped before it).
             await parts.enter_async_context(running(group, self.control.run(), name="control"))
             parts.callback(self.systemd.close)
@@ -343,6 +361,7 @@ class Daemon:
             return  # stopping before the first lists: no spec to write only to delete
         sync = self.cdi_sync
         assert sync is not None
+        self._cdi_running.set()
         await sync.run(self.scan_loop.advertised)
 
     def _stop_cdi(self) -> None:
@@ -510,6 +529,31 @@ class Daemon:
             udev_events=stats.udev_events + len(batch.events),
             udev_overflows=stats.udev_overflows + batch.overflowed,
         )
+
+    async def _settle_collector(self) -> None:
+        """Keep the device tree and what is made from it out of the collector's automatic
+        passes (devplug._kits.collector): after every full scan (the first included), once the
+        CDI specs follow its tree and the hotplug path is quiet. A full scan makes every device
+        anew; between two, a hotplug event's tree is an edit of the last one that shares its
+        unchanged devices, so what is frozen stays what is in use."""
+        settled = 0
+        while True:
+            stats = await self._stats.wait_for(_more_full_scans_than(settled))
+            settled = stats.full_scans
+            if self.settings.cdi.enabled:
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(SETTLE_CDI_WAIT_S):
+                        await self._cdi_running.wait()  # the CDI task makes its state first
+                        assert self._cdi_sync is not None
+                        await self._cdi_sync.caught_up()
+            await self.scan_loop.quiet()
+            done = collector.settle()
+            log.debug(
+                "daemon.collector.settled",
+                ms=round(done.seconds * 1000, 1),
+                collected=done.collected,
+                frozen=done.frozen,
+            )
 
     def _cdi_changed(self) -> None:
         sync = self._cdi_sync
