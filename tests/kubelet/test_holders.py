@@ -5,6 +5,7 @@ umockdev hardware where the device changes; the stand-in over real unix sockets.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable, Iterator, MutableMapping
 from pathlib import Path
 from typing import Any
@@ -379,3 +380,34 @@ async def test_a_device_unplugged_while_devplug_was_down_is_gone_while_allocated
     assert report.gone_while_allocated == {HeldDevice(SERIAL, "ttyUSB0", FRONT)}
     (said,) = events(logs, "podresources.device.gone_while_allocated")
     assert said["device"] == "ttyUSB0"
+
+
+async def test_a_run_of_changes_is_read_once_it_pauses_not_during_it(
+    host: UmockdevHost,
+    kubelet: KubeletSimulator,
+    serial_daemon: Callable[[], Awaitable[Daemon]],
+) -> None:
+    """A reading is tens of milliseconds of decoding at 10,000 devices: during a hotplug storm
+    it waits for the storm to pause, rather than landing in every few events."""
+    tty = add_usb_serial(host, index=0)
+    daemon = await serial_daemon()
+    session = await kubelet.wait_for_plugin(SERIAL)
+    await session.wait_for_update(lambda listed: len(listed) == 1)
+    await daemon.holders.report.wait_for(lambda r: r.state == "available", 10)
+    await asyncio.sleep(0.3)  # the start's own reading (QUICK settles in 0.05 s) is done
+    daemon.holders.timing = HolderTiming(period_s=3600, absent_period_s=3600, settle_s=1.0)
+    lists = kubelet.pod_resources.lister.calls
+    before = lists["List"]
+
+    for change in range(25):  # 2.5 s of changes, 0.1 s apart: each one a new tree
+        host.set_node_present(tty, change % 2 == 1)
+        await host.emit_async("change", tty)
+        await asyncio.sleep(0.1)
+    assert lists["List"] == before  # none while the changes went on
+
+    deadline = asyncio.get_running_loop().time() + 10
+    while lists["List"] == before:
+        assert asyncio.get_running_loop().time() < deadline, "no reading after the changes"
+        await asyncio.sleep(0.05)
+    await asyncio.sleep(0.3)
+    assert lists["List"] == before + 1  # one, for the whole run

@@ -1,9 +1,13 @@
 """Who holds devplug's devices, followed against what devplug advertises.
 
 The kubelet's pod resources API (:mod:`.podresources`) has no watch, so :class:`HolderWatch`
-follows the tree devplug advertises and reads the API ``settle_s`` after each new one (time
-for the kubelet to take the new lists; changes meanwhile join in) and every ``period_s``
-besides. While the socket is absent (a kubelet without the API, a pod without the mount: said
+follows the tree devplug advertises and reads the API once it has stayed the same for
+``settle_s`` (time for the kubelet to take the new lists), and every ``period_s`` besides,
+changes or not. A reading waits for the hotplug path to be quiet: at 10,000 devices it is
+tens of milliseconds of decoding, whose worker thread takes the interpreter from the event
+loop, and a reading after every change of a hotplug storm put that into every few events'
+latency (bench.hotplug's remove p99 at 10,000 devices: ~28 ms, 7 ms without).
+While the socket is absent (a kubelet without the API, a pod without the mount: said
 once, and the daemon carries on) or does not answer, an inotify watch of its dir wakes it when
 the socket is made (a kubelet starting after devplug at boot, or restarting), ``settle_s``
 later; the slow ``absent_period_s`` re-check only backs the watch up.
@@ -34,7 +38,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-from collections.abc import Callable, Collection, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
@@ -156,8 +160,11 @@ class HolderWatch:
         timing: HolderTiming = DEFAULT_HOLDER_TIMING,
         *,
         scanners: Callable[[], Iterable[Scanner]] = tuple,
+        quiet: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
         self.socket = socket
+        # Returns once the hotplug path is quiet; awaited before each reading.
+        self._quiet = quiet
         self.timing = timing
         self._events = events
         self._registered = registered
@@ -218,13 +225,23 @@ class HolderWatch:
             await self.read_now()
 
     async def _next_turn(self) -> None:
+        """Until the next reading is due: ``settle_s`` after the last of a run of changes, or
+        the period's end, whichever is first; then a quiet hotplug path."""
         absent = self._report.value.state == ABSENT
         period = self.timing.absent_period_s if absent else self.timing.period_s
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(period):
                 await self._changed.wait()
-                await asyncio.sleep(self.timing.settle_s)
+                while True:  # each change while settling starts the settle again
+                    self._changed.clear()
+                    try:
+                        async with asyncio.timeout(self.timing.settle_s):
+                            await self._changed.wait()
+                    except TimeoutError:
+                        break
         self._changed.clear()
+        if self._quiet is not None:
+            await self._quiet()
 
     async def read_now(self) -> HoldersReport:
         """Read the API now, compare, log and report; returns the new report."""
