@@ -7,10 +7,12 @@ import json
 import os
 import random
 import stat
+from collections.abc import Generator, Iterable
 from pathlib import Path
 
 import pytest
 
+from devplug.cdi import render
 from devplug.cdi.render import SpecRenderer, resource_spec
 from devplug.cdi.spec import spec_json
 from devplug.errors import CdiSpecError
@@ -155,6 +157,44 @@ def test_rendering_from_edits_gives_the_bytes_of_a_full_render() -> None:
             assert renderer.spec_devices() == spec.devices
         tree = new
     assert edited > 200  # the walk went through the edit path
+
+
+def test_a_tree_skipped_between_renders_costs_its_difference_not_a_sort_of_all(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The CDI sync renders the latest tree of a burst, whose edit is from a tree it skipped:
+    the renderer finds the difference itself (same bytes as a full render) and never sorts
+    every id again."""
+    rng = random.Random(25)
+    renderer = SpecRenderer(KIND)
+    tree = DeviceTree({RESOURCE: {f"0000:{i:02x}:00.0": gpu(i) for i in range(30)}})
+    assert renderer.render(tree[RESOURCE]) is not None
+
+    sorts: list[int] = []
+    sort_all = render._natural_order
+
+    def counted(ids: Iterable[str], due: render.Due) -> Generator[None, None, list[str]]:
+        sorts.append(1)
+        return (yield from sort_all(ids, due))
+
+    monkeypatch.setattr(render, "_natural_order", counted)
+    for step in range(100):
+        for _ in range(rng.randrange(2, 5)):  # the trees before the last: never rendered
+            devices = before = tree[RESOURCE]
+            gone = rng.choice(sorted(devices))
+            index = rng.randrange(30, 60)
+            fresh = {f"0000:{index:02x}:00.0": gpu(index)}
+            reread = {gone: gpu(int(gone[5:7], 16), gids=True)} if rng.random() < 0.5 else {}
+            added = {i: d for i, d in {**fresh, **reread}.items() if i not in devices or i == gone}
+            tree = tree.with_changes([(RESOURCE, gone)], {RESOURCE: added})
+        last = renderer.rendered
+        assert last is not None and tree.edit_since(RESOURCE, last) is None
+        edit = tree.edit_since(RESOURCE, before)  # from a tree the renderer skipped
+        assert edit is not None
+        rendered = renderer.render(tree[RESOURCE], edit)
+        assert not sorts, step
+        assert rendered is not None and rendered.data == expected(dict(tree[RESOURCE])), step
+        sorts.clear()  # expected()'s own renderer sorts
 
 
 def test_an_invalid_device_in_an_edit_changes_nothing() -> None:
