@@ -111,8 +111,12 @@ class DaemonStats:
     cdi_failures: int = 0
 
 
-def _more_full_scans_than(count: int) -> Callable[[DaemonStats], bool]:
-    return lambda stats: stats.full_scans > count
+def _more_than(count: int) -> Callable[[int], bool]:
+    return lambda value: value > count
+
+
+def _other_than(tree: DeviceTree | None) -> Callable[[DeviceTree | None], bool]:
+    return lambda value: value is not tree
 
 
 class Daemon:
@@ -532,20 +536,18 @@ class Daemon:
 
     async def _settle_collector(self) -> None:
         """Keep the device tree and what is made from it out of the collector's automatic
-        passes (devplug._kits.collector): after every full scan (the first included), once the
-        CDI specs follow its tree and the hotplug path is quiet. A full scan makes every device
-        anew; between two, a hotplug event's tree is an edit of the last one that shares its
-        unchanged devices, so what is frozen stays what is in use."""
+        passes (devplug._kits.collector): after every full scan of the loop (the first, the
+        resyncs, reloads), once the CDI specs follow the tree advertised and the hotplug path
+        is quiet. A full scan makes every device anew; between two, a hotplug event's tree is
+        an edit of the last one that shares its unchanged devices, so what is frozen stays
+        what is in use."""
         settled = 0
         while True:
-            stats = await self._stats.wait_for(_more_full_scans_than(settled))
-            settled = stats.full_scans
+            settled = await self.scan_loop.full_rescans.wait_for(_more_than(settled))
             if self.settings.cdi.enabled:
                 with contextlib.suppress(TimeoutError):
                     async with asyncio.timeout(SETTLE_CDI_WAIT_S):
-                        await self._cdi_running.wait()  # the CDI task makes its state first
-                        assert self._cdi_sync is not None
-                        await self._cdi_sync.caught_up()
+                        await self._cdi_follows()
             await self.scan_loop.quiet()
             done = collector.settle()
             log.debug(
@@ -554,6 +556,19 @@ class Daemon:
                 collected=done.collected,
                 frozen=done.frozen,
             )
+
+    async def _cdi_follows(self) -> None:
+        """Until a CDI pass has ended on the tree advertised at a quiet moment."""
+        await self._cdi_running.wait()  # the CDI task makes its state first
+        sync = self._cdi_sync
+        assert sync is not None
+        while True:
+            await self.scan_loop.quiet()
+            advertised = self.scan_loop.advertised.value
+            passed = sync.passed.value
+            if advertised is None or passed is advertised.tree:
+                return
+            await sync.passed.wait_for(_other_than(passed))
 
     def _cdi_changed(self) -> None:
         sync = self._cdi_sync

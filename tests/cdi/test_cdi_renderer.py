@@ -12,11 +12,13 @@ from pathlib import Path
 
 import pytest
 
+from devplug import naming
 from devplug.cdi import render
 from devplug.cdi.render import SpecRenderer, resource_spec
 from devplug.cdi.spec import spec_json
 from devplug.errors import CdiSpecError
 from devplug.model import CdiEdits, CdiHook, DeviceInfo, DeviceNode, DeviceTree, Mount
+from devplug.naming import NaturalKey
 
 KIND = "gpu.intel.com/i915"
 RESOURCE = "gpu.intel.com/i915"
@@ -195,6 +197,28 @@ def test_a_tree_skipped_between_renders_costs_its_difference_not_a_sort_of_all(
         assert not sorts, step
         assert rendered is not None and rendered.data == expected(dict(tree[RESOURCE])), step
         sorts.clear()  # expected()'s own renderer sorts
+
+
+def test_a_tree_made_anew_is_rendered_whole_not_edited_id_by_id(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A full scan makes every DeviceInfo anew: edited in place, each id would be found by a
+    bisect of natural keys in a last step that never yields (~0.4 s at 10,000 ids)."""
+    renderer = SpecRenderer(KIND)
+    ids = [f"0000:{i // 256:02x}:{i % 256 // 8:02x}.{i % 8}" for i in range(2000)]
+    renderer.render({i: gpu(n % 200) for n, i in enumerate(ids)})
+    keys: list[str] = []
+    key = naming.natural_key
+
+    def counted(device_id: str) -> NaturalKey:
+        keys.append(device_id)
+        return key(device_id)
+
+    monkeypatch.setattr(render, "natural_key", counted)
+    anew = {i: gpu(n % 200) for n, i in enumerate(ids)}
+    rendered = renderer.render(anew)
+    assert len(keys) < len(ids)  # no key made per id
+    assert rendered is not None and rendered.data == expected(anew)
 
 
 def test_an_invalid_device_in_an_edit_changes_nothing() -> None:

@@ -75,32 +75,38 @@ async def _until_logged(log: Path, name: str, count: int, timeout: float = 30.0)
         await asyncio.sleep(0.05)
 
 
-async def test_devplug_run_settles_after_its_first_spec_and_after_each_full_scan(
-    kubelet: KubeletSimulator, kubelet_dir: Path, tmp_path: Path
-) -> None:
-    config = tmp_path / "config.yaml"
-    config.write_text(
+def _config(devnode: str) -> str:
+    return (
         "log_level: debug\n"
         "hotplug: {source: kernel, resync_s: 3600, poll_s: 3600}\n"
         "scanners:\n  generic:\n"
-        f"    - {{resource: {RESOURCE}, match: {{subsystem: mem, devnode: /dev/null}}}}\n"
+        f"    - {{resource: {RESOURCE}, match: {{subsystem: mem, devnode: {devnode}}}}}\n"
     )
+
+
+async def test_devplug_run_settles_after_each_full_scan_once_its_spec_follows(
+    kubelet: KubeletSimulator, kubelet_dir: Path, tmp_path: Path
+) -> None:
+    config = tmp_path / "config.yaml"
+    config.write_text(_config("/dev/null"))
     log = tmp_path / "daemon.log"
     async with daemon_process(config, kubelet_dir, output=log) as process:
         session = await kubelet.wait_for_plugin(RESOURCE)
         await session.wait_for_update(lambda listed: set(listed) == {"null"})
         await _until_logged(log, "daemon.collector.settled", 1)
-        process.send_signal(signal.SIGHUP)  # a reload: a full scan
-        await _until_logged(log, "config.reloaded", 1)
+        config.write_text(_config("/dev/zero"))  # another device: the spec is written again
+        process.send_signal(signal.SIGHUP)  # a reload, then a full scan
+        await session.wait_for_update(lambda listed: set(listed) == {"zero"})
         await _until_logged(log, "daemon.collector.settled", 2)
 
-    names = [json.loads(line)["event"] for line in log.read_text().splitlines() if line[:1] == "{"]
-    first = names.index("daemon.collector.settled")
-    # After the first CDI pass: what it rendered is frozen too.
-    assert names.index("cdi.spec.written") < first
-    assert names.index("config.reloaded") < len(names) - 1 - names[::-1].index(
-        "daemon.collector.settled"
-    )
-    settles = _events(log, "daemon.collector.settled")
+    lines = [json.loads(line) for line in log.read_text().splitlines() if line[:1] == "{"]
+    names = [line["event"] for line in lines]
+    settles = [i for i, name in enumerate(names) if name == "daemon.collector.settled"]
+    written = [i for i, name in enumerate(names) if name == "cdi.spec.written"]
+    # Each settle after the CDI pass on its scan's tree: what the pass rendered is frozen too.
+    assert len(written) >= 2 and written[0] < settles[0] < written[1] < settles[1]
+    assert names.index("config.reloaded") < settles[1]
+    # One settle per full scan: none for the events of the reload's own scan.
+    assert len(settles) == 2
     # The modules the daemon imported alone are tens of thousands of objects.
-    assert all(s["frozen"] > 10_000 and s["collected"] >= 0 and s["ms"] >= 0 for s in settles)
+    assert all(lines[i]["frozen"] > 10_000 and lines[i]["collected"] >= 0 for i in settles)

@@ -394,10 +394,12 @@ async def test_a_run_of_changes_is_read_once_it_pauses_not_during_it(
     session = await kubelet.wait_for_plugin(SERIAL)
     await session.wait_for_update(lambda listed: len(listed) == 1)
     await daemon.holders.report.wait_for(lambda r: r.state == "available", 10)
-    await asyncio.sleep(0.3)  # the start's own reading (QUICK settles in 0.05 s) is done
     daemon.holders.timing = HolderTiming(period_s=3600, absent_period_s=3600, settle_s=1.0)
     lists = kubelet.pod_resources.lister.calls
-    before = lists["List"]
+    before = -1
+    while lists["List"] != before:  # until the start's own readings are done
+        before = lists["List"]
+        await asyncio.sleep(0.5)
 
     for change in range(25):  # 2.5 s of changes, 0.1 s apart: each one a new tree
         host.set_node_present(tty, change % 2 == 1)

@@ -129,8 +129,8 @@ class CdiSync:
         # Attribute changes too: a spec's stamp (what Allocate's confirm compares) has its ctime.
         self.watcher = DirWatcher(self.directory, _relevant, "cdi", attributes=True)
         self._tree: LatestValue[DeviceTree | None] = LatestValue(None)
-        # The version of the tree the last pass ended on without trouble (-1: none yet).
-        self._passed = LatestValue(-1)
+        # The tree the last pass ended on without trouble (None: none yet).
+        self._passed: LatestValue[DeviceTree | None] = LatestValue(None)
         # What each pass came to: the specs on disk, failures, specs served elsewhere.
         self._ledger = SpecLedger(self.directory, catalog)
         self._kind_problems = ProblemLog()  # resource -> why it has no valid kind
@@ -157,10 +157,11 @@ class CdiSync:
         """Spec jobs failed so far, a spec served elsewhere too (for stats and metrics)."""
         return self._ledger.failures
 
-    async def caught_up(self) -> None:
-        """Return once a pass has ended on the latest tree (at once if one has): the specs on
-        disk are made from it, or their failures logged."""
-        await self._passed.wait_for(lambda passed: passed == self._tree.version)
+    @property
+    def passed(self) -> Watchable[DeviceTree | None]:
+        """The tree the last pass ended on without trouble: the specs on disk are made from
+        it (None: no such pass yet)."""
+        return self._passed
 
     def submit(self, tree: DeviceTree) -> None:
         """The devices now advertised; the task writes what changed."""
@@ -286,7 +287,7 @@ class CdiSync:
                 log.exception("cdi.sync.failed", dir=str(self.directory), retry="with back-off")
                 trouble = True
             if tree is not None and not trouble:
-                self._passed.set(version)
+                self._passed.set(tree)
             timeout: float | None = None
             if self._ledger.failing.unsolved() or trouble or not reconciled:
                 timeout = backoff.next()

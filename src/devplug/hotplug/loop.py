@@ -95,6 +95,7 @@ class ScanLoop:
         # gc.freeze() is process-wide: the daemon's own process asks for it (cli), tests don't.
         self.freeze_gc = freeze_gc
         self.first_scan_done = asyncio.Event()
+        self._full_rescans = LatestValue(0)
         self._lock = asyncio.Lock()
         self._wake = asyncio.Event()
         self._full_requested = False
@@ -165,6 +166,13 @@ class ScanLoop:
     async def rescan(self) -> None:
         """Scan fully now and publish the result (tests, SIGHUP, the periodic resync)."""
         await self._scan_and_publish(None)
+        self._full_rescans.set(self._full_rescans.value + 1)
+
+    @property
+    def full_rescans(self) -> Watchable[int]:
+        """Full scans of every scanner published so far (the first included), counted once
+        delivered; an event batch that a scanner takes in full is not one."""
+        return self._full_rescans
 
     @property
     def scanned(self) -> DeviceTree:

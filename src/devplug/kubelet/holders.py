@@ -3,10 +3,11 @@
 The kubelet's pod resources API (:mod:`.podresources`) has no watch, so :class:`HolderWatch`
 follows the tree devplug advertises and reads the API once it has stayed the same for
 ``settle_s`` (time for the kubelet to take the new lists), and every ``period_s`` besides,
-changes or not. A reading waits for the hotplug path to be quiet: at 10,000 devices it is
-tens of milliseconds of decoding, whose worker thread takes the interpreter from the event
-loop, and a reading after every change of a hotplug storm put that into every few events'
-latency (bench.hotplug's remove p99 at 10,000 devices: ~28 ms, 7 ms without).
+changes or not. A reading waits for the hotplug path to be quiet (``settle_s`` at most): at
+10,000 devices it is tens of milliseconds of decoding, whose worker thread takes the
+interpreter from the event loop, and a reading after every change of a hotplug storm put that
+into every few events' latency (bench.hotplug's remove p99 at 10,000 devices: ~28 ms, 7 ms
+without).
 While the socket is absent (a kubelet without the API, a pod without the mount: said
 once, and the daemon carries on) or does not answer, an inotify watch of its dir wakes it when
 the socket is made (a kubelet starting after devplug at boot, or restarting), ``settle_s``
@@ -241,7 +242,10 @@ class HolderWatch:
                         break
         self._changed.clear()
         if self._quiet is not None:
-            await self._quiet()
+            # A storm that never lets the hotplug path rest delays a reading this long at most.
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self.timing.settle_s):
+                    await self._quiet()
 
     async def read_now(self) -> HoldersReport:
         """Read the API now, compare, log and report; returns the new report."""
