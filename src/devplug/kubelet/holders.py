@@ -8,10 +8,11 @@ changes or not. A reading waits for the hotplug path to be quiet (``settle_s`` a
 interpreter from the event loop, and a reading after every change of a hotplug storm put that
 into every few events' latency (bench.hotplug's remove p99 at 10,000 devices: ~28 ms, 7 ms
 without).
-While the socket is absent (a kubelet without the API, a pod without the mount: said
-once, and the daemon carries on) or does not answer, an inotify watch of its dir wakes it when
-the socket is made (a kubelet starting after devplug at boot, or restarting), ``settle_s``
-later; the slow ``absent_period_s`` re-check only backs the watch up.
+
+While the socket is absent (a kubelet without the API, a pod without the mount: said once,
+and the daemon carries on) or does not answer, an inotify watch of its dir wakes it when the
+socket is made (a kubelet starting after devplug at boot, or restarting), ``settle_s`` later;
+the slow ``absent_period_s`` re-check only backs the watch up.
 
 devplug's resources, whose devices it looks for, are those it advertised since it started and
 those a configured scanner declares (``ResourceNamer``): after a restart, a pod may still hold
