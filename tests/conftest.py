@@ -7,6 +7,7 @@ import contextlib
 import hashlib
 import os
 import shutil
+import signal
 import tempfile
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
 from pathlib import Path
@@ -38,7 +39,14 @@ RUN_TESTS = "umockdev-wrapper .venv/bin/python -m pytest"
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    """udev tests need umockdev's preload in this process; refuse to run (not skip) without it."""
+    """udev tests need umockdev's preload in this process; refuse to run (not skip) without it.
+
+    A run started in the background by a shell without job control (``.ci/run &`` from a
+    script) inherits SIGINT ignored, as POSIX has it, and so would every devplug it starts:
+    devplug then rightly keeps ignoring Ctrl-C, and the Ctrl-C tests fail. A handler here is
+    reset to the default in each child at exec, as a terminal's would be."""
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     if not preload_active() and not os.environ.get("DEVPLUG_TESTS_WITHOUT_UMOCKDEV"):
         raise pytest.UsageError(
             "the tests run real pyudev code against mock hardware and need umockdev's preload: "
