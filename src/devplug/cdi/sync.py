@@ -129,6 +129,8 @@ class CdiSync:
         # Attribute changes too: a spec's stamp (what Allocate's confirm compares) has its ctime.
         self.watcher = DirWatcher(self.directory, _relevant, "cdi", attributes=True)
         self._tree: LatestValue[DeviceTree | None] = LatestValue(None)
+        # Set whenever a pass has recorded what it did (the specs held elsewhere may change).
+        self._recorded = asyncio.Event()
         # The tree the last pass ended on without trouble (None: none yet).
         self._passed: LatestValue[DeviceTree | None] = LatestValue(None)
         # What each pass came to: the specs on disk, failures, specs served elsewhere.
@@ -246,8 +248,14 @@ class CdiSync:
     async def _follow_holders(self) -> None:
         """A daemon that serves one of our specs and dies (kill -9, OOM) makes no event in the
         CDI dir: while any spec is held elsewhere, probe the holders' locks and take over as
-        soon as one is gone. (Watching the lock files would wake on this probe's own close.)"""
+        soon as one is gone. (Watching the lock files would wake on this probe's own close.)
+        While none is, it sleeps until a pass has recorded what it did: an idle daemon does
+        not wake for it."""
         while True:
+            if not self._ledger.held:  # nothing to probe: no wake-ups until a pass records
+                self._recorded.clear()
+                await self._recorded.wait()
+                continue
             await asyncio.sleep(HELD_RECHECK_S)
             for owner in set(self._ledger.held.values()):
                 if not await owner_alive(self.directory, owner):
@@ -408,6 +416,7 @@ class CdiSync:
             raise
         finally:
             self._ledger.record(plan, outcomes, before)
+            self._recorded.set()
         if self._on_change is not None:
             self._on_change()
 
