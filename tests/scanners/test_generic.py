@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -241,3 +243,42 @@ def test_an_attribute_name_that_leaves_the_device_dir_is_a_config_error(bad: str
     assert message.startswith("scanners.generic[0].match.attributes: attribute names are paths")
     assert "'queue/rotational'" in message  # the fix, by example
     assert repr(bad) in message and why in message
+
+
+def test_an_enumeration_is_read_as_it_comes_not_held_whole(host: UmockdevHost) -> None:
+    """Each device of an entry's enumeration is taken before the next is read, so a full
+    scan never holds a whole subsystem's devices at once (~30 MiB more at 10,000 GPUs); a
+    later entry of the same subsystem keeps only the devices it matches."""
+    for index in range(6):
+        add_intel_gpu(host, f"0000:00:{index + 2:02x}.0", card=index, render=128 + index)
+    entries: list[dict[str, object]] = [
+        {"resource": "example.com/render", "match": {"subsystem": "drm", "devnode": "/dev/dri/r*"}},
+        {
+            "resource": "example.com/card1",
+            "match": {"subsystem": "drm", "devnode": "/dev/dri/card1"},
+        },
+    ]
+    source = UdevSource()
+    read: list[str] = []  # the enumeration's devices, as they were read
+    plain = source.devices
+
+    def traced(*args: object, **kwargs: object) -> Iterator[object]:
+        for device in plain(*args, **kwargs):  # type: ignore[arg-type]
+            read.append(device.sys_path)
+            yield device
+
+    source.devices = traced  # type: ignore[method-assign, assignment]
+    generic = scanner(*entries)
+    taken: list[tuple[str, int]] = []  # (entry's resource, devices read by then)
+    add = generic._add_device
+
+    def counted(source: UdevSource, entry: Any, device: Any, builder: Any) -> None:
+        taken.append((entry.resource, len(read)))
+        add(source, entry, device, builder)
+
+    generic._add_device = counted  # type: ignore[method-assign]
+    tree = generic.scan(source)
+    firsts = [count for resource, count in taken if resource == "example.com/render"]
+    assert len(read) >= 12 and firsts == list(range(1, len(read) + 1))  # one read, one taken
+    assert [r for r, _ in taken].count("example.com/card1") == 1  # only what it matches, kept
+    assert list(tree["example.com/card1"]) == ["dri_card1"] and len(tree["example.com/render"]) == 6
