@@ -8,6 +8,7 @@ from typing import Any
 
 import yaml
 
+from devplug._kits.interruptible import read_bytes
 from devplug.errors import ConfigError
 
 
@@ -49,7 +50,7 @@ def read_config_file(path: Path, source: str = "--config") -> dict[str, Any]:
     Errors are one line naming the file, under ``source`` (the flag or variable that named it).
     """
     try:
-        raw = path.read_bytes()
+        raw = read_bytes(path)  # a FIFO nobody writes: a stop signal still ends the wait
     except FileNotFoundError:
         raise ConfigError(source, f"file not found: {path}") from None
     except OSError as exc:
