@@ -194,8 +194,8 @@ class GenericScanner:
                 kept[i] = []
             for device in source.devices(subsystem, dict(exact)):
                 self._add_device(source, entry, device, builder)
+                node = device.device_node if later else None
                 for i, other in later:
-                    node = device.device_node
                     if node is not None and _matches(device, node, other.match):
                         kept[i].append(device)
         tree = builder.build()
